@@ -1,0 +1,245 @@
+"""Import HuggingFace T5 checkpoints (config.json + safetensors) into our parameter tree.
+
+Only safetensors are read, so nothing in a checkpoint can execute code. Every tensor of the
+file must be used and every parameter of the model must be found: an unknown, missing or
+mis-shaped tensor is an error that names it.
+
+The tied/untied question follows what the checkpoint means, across transformers versions:
+v1.0 checkpoints scale the decoder output by d_model**-0.5 and reuse `shared.weight` as the
+output layer; v1.1 checkpoints carry a separate `lm_head.weight` and no scaling. transformers
+5.x writes `tie_word_embeddings: true` for both and marks v1.1 with `scale_decoder_outputs:
+false`; older versions write `tie_word_embeddings: false` for v1.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from t5x_like.models.t5 import T5Config
+
+Tensor = np.ndarray
+Params = dict[str, Any]
+
+
+class CheckpointError(ValueError):
+    """A HuggingFace checkpoint that does not fit the model; the message names the tensor."""
+
+
+# ------------------------------------------------------------------------------ config
+_ACTIVATIONS = {
+    "relu": ("relu",),
+    "gated-gelu": ("gelu", "linear"),  # HF maps this to gelu_new, the tanh approximation
+    "gated-gelu_new": ("gelu", "linear"),
+    "gated-relu": ("relu", "linear"),
+    "gelu_new": ("gelu",),
+}
+
+
+def scales_decoder_outputs(hf_config: dict[str, Any]) -> bool:
+    """True for the v1.0 layout (tied output with d_model**-0.5 scaling)."""
+    if "scale_decoder_outputs" in hf_config:
+        return bool(hf_config["scale_decoder_outputs"])
+    return hf_config.get("tie_word_embeddings", True) is not False
+
+
+def config_from_hf(hf_config: dict[str, Any]) -> T5Config:
+    """Our T5Config for a HuggingFace `config.json` dictionary."""
+    proj = hf_config.get("feed_forward_proj", "relu")
+    if proj not in _ACTIVATIONS:
+        raise CheckpointError(
+            f"config.json feed_forward_proj={proj!r} is not supported; "
+            f"supported: {sorted(_ACTIVATIONS)}.")
+    num_layers = hf_config.get("num_layers", 6)
+    return T5Config(
+        vocab_size=hf_config.get("vocab_size", 32128),
+        emb_dim=hf_config.get("d_model", 512),
+        num_heads=hf_config.get("num_heads", 8),
+        head_dim=hf_config.get("d_kv", 64),
+        mlp_dim=hf_config.get("d_ff", 2048),
+        num_encoder_layers=num_layers,
+        num_decoder_layers=hf_config.get("num_decoder_layers") or num_layers,
+        mlp_activations=_ACTIVATIONS[proj],
+        dropout_rate=hf_config.get("dropout_rate", 0.1),
+        logits_via_embedding=scales_decoder_outputs(hf_config),
+        relative_attention_num_buckets=hf_config.get("relative_attention_num_buckets", 32),
+        relative_attention_max_distance=hf_config.get("relative_attention_max_distance", 128),
+        layer_norm_epsilon=hf_config.get("layer_norm_epsilon", 1e-6),
+    )
+
+
+# ------------------------------------------------------------------------------ name map
+def _linear_in(shape_out: tuple[int, ...]) -> Callable[[Tensor], Tensor]:
+    """torch Linear weight [out, in] -> our kernel [in, *out_shape]."""
+    return lambda w: w.T.reshape(-1, *shape_out)
+
+
+def _linear_out(shape_in: tuple[int, ...]) -> Callable[[Tensor], Tensor]:
+    """torch Linear weight [out, in] -> our kernel [*in_shape, out]."""
+    return lambda w: w.T.reshape(*shape_in, -1)
+
+
+def _identity(w: Tensor) -> Tensor:
+    return w
+
+
+def _transpose(w: Tensor) -> Tensor:
+    return w.T
+
+
+def name_map(cfg: T5Config) -> Iterator[tuple[str, tuple[str, ...], Callable[[Tensor], Tensor]]]:
+    """(HF tensor name, our parameter path, HF->ours transform) for every parameter."""
+    heads = (cfg.num_heads, cfg.head_dim)
+    yield "shared.weight", ("token_embedder", "embedding"), _identity
+
+    def attention(hf_prefix: str, ours: tuple[str, ...]):
+        for hf, name in (("q", "query"), ("k", "key"), ("v", "value")):
+            yield f"{hf_prefix}.{hf}.weight", (*ours, name, "kernel"), _linear_in(heads)
+        yield f"{hf_prefix}.o.weight", (*ours, "out", "kernel"), _linear_out(heads)
+
+    def mlp(hf_prefix: str, ours: tuple[str, ...]):
+        names = ["wi"] if len(cfg.mlp_activations) == 1 else [
+            f"wi_{i}" for i in range(len(cfg.mlp_activations))]
+        for name in names:
+            yield f"{hf_prefix}.{name}.weight", (*ours, "mlp", name, "kernel"), _transpose
+        yield f"{hf_prefix}.wo.weight", (*ours, "mlp", "wo", "kernel"), _transpose
+
+    for stack, n_layers in (("encoder", cfg.num_encoder_layers),
+                            ("decoder", cfg.num_decoder_layers)):
+        yield (f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+               (stack, "relpos_bias", "rel_embedding"), _transpose)
+        for i in range(n_layers):
+            hf = f"{stack}.block.{i}.layer"
+            ours = (stack, f"layers_{i}")
+            if stack == "encoder":
+                yield from attention(f"{hf}.0.SelfAttention", (*ours, "attention"))
+                yield f"{hf}.0.layer_norm.weight", (*ours, "pre_attention_layer_norm", "scale"), _identity
+                yield from mlp(f"{hf}.1.DenseReluDense", ours)
+                yield f"{hf}.1.layer_norm.weight", (*ours, "pre_mlp_layer_norm", "scale"), _identity
+            else:
+                yield from attention(f"{hf}.0.SelfAttention", (*ours, "self_attention"))
+                yield (f"{hf}.0.layer_norm.weight",
+                       (*ours, "pre_self_attention_layer_norm", "scale"), _identity)
+                yield from attention(f"{hf}.1.EncDecAttention", (*ours, "encoder_decoder_attention"))
+                yield (f"{hf}.1.layer_norm.weight",
+                       (*ours, "pre_cross_attention_layer_norm", "scale"), _identity)
+                yield from mlp(f"{hf}.2.DenseReluDense", ours)
+                yield f"{hf}.2.layer_norm.weight", (*ours, "pre_mlp_layer_norm", "scale"), _identity
+        norm = "encoder_norm" if stack == "encoder" else "decoder_norm"
+        yield f"{stack}.final_layer_norm.weight", (stack, norm, "scale"), _identity
+    if not cfg.logits_via_embedding:
+        yield "lm_head.weight", ("decoder", "logits_dense", "kernel"), _transpose
+
+
+# Copies of `shared.weight` that some writers store; accepted only when equal to it.
+_TIED_ALIASES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
+
+
+# ------------------------------------------------------------------------------ reading
+def read_safetensors(checkpoint_dir: str) -> dict[str, Tensor]:
+    """All tensors of a (possibly sharded) safetensors checkpoint, as float32 numpy arrays."""
+    from safetensors import safe_open  # local import: only conversion needs it
+
+    index_path = os.path.join(checkpoint_dir, "model.safetensors.index.json")
+    single_path = os.path.join(checkpoint_dir, "model.safetensors")
+    if os.path.exists(index_path):
+        with open(index_path) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    elif os.path.exists(single_path):
+        files = ["model.safetensors"]
+    else:
+        bins = [n for n in os.listdir(checkpoint_dir) if n.endswith(".bin")]
+        hint = (" It has PyTorch pickle files (" + ", ".join(bins) + "), which we do not load "
+                "because unpickling can run code; convert them with transformers' "
+                "`save_pretrained(..., safe_serialization=True)` first.") if bins else ""
+        raise CheckpointError(f"No model.safetensors or model.safetensors.index.json in "
+                              f"{checkpoint_dir}.{hint}")
+    tensors: dict[str, Tensor] = {}
+    for name in files:
+        # framework="flax" reads bfloat16 too, which plain numpy cannot represent.
+        with safe_open(os.path.join(checkpoint_dir, name), framework="flax") as f:
+            for key in f.keys():
+                tensors[key] = np.asarray(f.get_tensor(key), dtype=np.float32)
+    return tensors
+
+
+def read_config(checkpoint_dir: str) -> dict[str, Any]:
+    path = os.path.join(checkpoint_dir, "config.json")
+    if not os.path.exists(path):
+        raise CheckpointError(f"No config.json in {checkpoint_dir}; a HuggingFace T5 checkpoint "
+                              "directory holds config.json and model.safetensors.")
+    with open(path) as f:
+        return json.load(f)
+
+
+def params_from_hf(tensors: dict[str, Tensor], cfg: T5Config) -> Params:
+    """Our nested parameter dict from HF tensors; errors name the offending tensor."""
+    tensors = dict(tensors)
+    shared = tensors.get("shared.weight")
+    if shared is None:
+        for alias in _TIED_ALIASES:  # some exports keep only a stack's copy
+            if alias in tensors:
+                shared = tensors["shared.weight"] = tensors[alias]
+                break
+    for alias in _TIED_ALIASES:
+        if alias in tensors:
+            if shared is None or not np.array_equal(tensors[alias], shared):
+                raise CheckpointError(f"Tensor {alias} differs from shared.weight; T5 shares one "
+                                      "embedding between encoder and decoder.")
+            del tensors[alias]
+    if cfg.logits_via_embedding and "lm_head.weight" in tensors:
+        if shared is None or not np.array_equal(tensors["lm_head.weight"], shared):
+            raise CheckpointError(
+                "Tensor lm_head.weight differs from shared.weight, but config.json describes the "
+                "tied v1.0 layout (decoder outputs scaled by d_model**-0.5). Set "
+                "scale_decoder_outputs=false / tie_word_embeddings=false for a v1.1 checkpoint.")
+        del tensors["lm_head.weight"]
+
+    params: Params = {}
+    missing = []
+    for hf_name, path, transform in name_map(cfg):
+        if hf_name not in tensors:
+            missing.append(hf_name)
+            continue
+        value = transform(tensors.pop(hf_name))
+        node = params
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    if missing:
+        raise CheckpointError(f"Missing tensor(s) in the checkpoint: {', '.join(missing[:10])}"
+                              + (f" and {len(missing) - 10} more" if len(missing) > 10 else ""))
+    if tensors:
+        raise CheckpointError(f"Unknown tensor(s) in the checkpoint: {', '.join(sorted(tensors)[:10])}"
+                              " — is this a T5 checkpoint of the size config.json describes?")
+    return params
+
+
+def check_shapes(params: Params, expected: Params, cfg: T5Config) -> None:
+    """Compare imported shapes with the model's; the error names the HF tensor."""
+    import jax
+
+    flat = {tuple(k.key for k in path): v for path, v in
+            jax.tree_util.tree_leaves_with_path(params)}
+    want = {tuple(k.key for k in path): v for path, v in
+            jax.tree_util.tree_leaves_with_path(expected)}
+    for hf_name, path, _ in name_map(cfg):
+        if tuple(flat[path].shape) != tuple(want[path].shape):
+            raise CheckpointError(
+                f"Tensor {hf_name} gives shape {tuple(flat[path].shape)} for {'/'.join(path)}, "
+                f"but config.json implies {tuple(want[path].shape)}.")
+
+
+def load_hf_checkpoint(checkpoint_dir: str) -> tuple[T5Config, Params]:
+    """(config, params) from a HuggingFace T5 directory, shapes checked against the config."""
+    from t5x_like.models.encoder_decoder import EncoderDecoderModel, unbox
+
+    hf_config = read_config(checkpoint_dir)
+    cfg = config_from_hf(hf_config)
+    params = params_from_hf(read_safetensors(checkpoint_dir), cfg)
+    expected = unbox(EncoderDecoderModel(cfg).abstract_params())
+    check_shapes(params, expected, cfg)
+    return cfg, params

@@ -1,0 +1,138 @@
+"""The encoder-decoder model API: loss, score and predict, kept apart from the network.
+
+As in t5x, the Flax module only maps tokens to logits; this wrapper knows the feature names that
+seqio's `EncDecFeatureConverter` produces (`encoder_input_tokens`, `decoder_input_tokens`,
+`decoder_target_tokens`, `decoder_loss_weights`, and the `*_segment_ids` of packed batches).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t5x_like import decoding, losses
+from t5x_like.models import t5
+
+Array = jax.Array
+Batch = Mapping[str, Array]
+Params = Any
+
+
+class EncoderDecoderModel:
+    """T5 with its loss, scoring and greedy decoding."""
+
+    def __init__(self, config: t5.T5Config, label_smoothing: float = 0.0, z_loss: float = 0.0,
+                 loss_normalizing_factor: float | str | None = "num_real_target_tokens",
+                 decoder_start_token_id: int = 0, eos_id: int = 1) -> None:
+        self.config = config
+        self.module = t5.Transformer(config)
+        self.label_smoothing = label_smoothing
+        self.z_loss = z_loss
+        self.loss_normalizing_factor = loss_normalizing_factor
+        self.decoder_start_token_id = decoder_start_token_id
+        self.eos_id = eos_id
+
+    # ----------------------------------------------------------------------------- parameters
+    def init(self, rng: Array, input_len: int = 8, target_len: int = 8,
+             batch_size: int = 1) -> Params:
+        """Parameters (boxed with their logical axis names) for the given shapes."""
+        enc = jnp.ones((batch_size, input_len), jnp.int32)
+        dec = jnp.ones((batch_size, target_len), jnp.int32)
+        return self.module.init(rng, enc, dec)["params"]
+
+    def abstract_params(self, input_len: int = 8, target_len: int = 8) -> Params:
+        """Parameter shapes without allocating memory (jax.eval_shape)."""
+        return jax.eval_shape(functools.partial(self.init, input_len=input_len,
+                                                target_len=target_len), jax.random.key(0))
+
+    # ----------------------------------------------------------------------------- forward
+    def logits(self, params: Params, batch: Batch, dropout_rng: Array | None = None) -> Array:
+        rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
+        return self.module.apply(
+            {"params": params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
+            batch.get("encoder_segment_ids"), batch.get("decoder_segment_ids"),
+            enable_dropout=dropout_rng is not None, rngs=rngs)
+
+    def loss_fn(self, params: Params, batch: Batch,
+                dropout_rng: Array | None = None) -> tuple[Array, dict[str, Array]]:
+        """Normalised training loss and the metrics' raw sums."""
+        logits = self.logits(params, batch, dropout_rng)
+        targets = batch["decoder_target_tokens"]
+        weights = batch.get("decoder_loss_weights")
+        if weights is None:
+            weights = (targets > 0).astype(jnp.float32)
+        weights = weights.astype(jnp.float32)
+        token_loss, z_part = losses.cross_entropy_with_logits(
+            logits, targets, weights, self.label_smoothing, self.z_loss)
+        divisor = losses.normalizing_factor(weights, self.loss_normalizing_factor)
+        loss = jnp.sum(token_loss) / divisor
+        correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32) * weights
+        metrics = {
+            "loss_sum": jnp.sum(token_loss),
+            "z_loss_sum": jnp.sum(z_part),
+            "correct": jnp.sum(correct),
+            "weight_sum": jnp.sum(weights),
+        }
+        return loss, metrics
+
+    def score_batch(self, params: Params, batch: Batch) -> Array:
+        """Log-likelihood of each example's targets (summed over its target tokens)."""
+        logits = self.logits(params, batch)
+        targets = batch["decoder_target_tokens"]
+        weights = batch.get("decoder_loss_weights")
+        if weights is None:
+            weights = (targets > 0).astype(jnp.float32)
+        return jnp.sum(losses.token_log_likelihood(logits, targets) * weights, axis=-1)
+
+    # ----------------------------------------------------------------------------- decoding
+    def init_cache(self, params: Params, encoder_input_tokens: Array,
+                   max_decode_length: int) -> Any:
+        """Zero key/value caches sized for `max_decode_length` decoder positions."""
+        batch = encoder_input_tokens.shape[0]
+        dummy = jnp.zeros((batch, max_decode_length), jnp.int32)
+        _, variables = self.module.apply(
+            {"params": params}, encoder_input_tokens, dummy, decode=True,
+            max_decode_length=max_decode_length, mutable=["cache"])
+        return variables["cache"]
+
+    def decode_step_fn(self, params: Params, encoded: Array, encoder_input_tokens: Array,
+                       max_decode_length: int) -> decoding.TokensToLogits:
+        """The `tokens_to_logits` function for one cached decoder step."""
+
+        def tokens_to_logits(token_ids: Array, cache: Any) -> tuple[Array, Any]:
+            logits, variables = self.module.apply(
+                {"params": params, "cache": cache}, encoded, encoder_input_tokens, token_ids,
+                decode=True, max_decode_length=max_decode_length, mutable=["cache"],
+                method=t5.Transformer.decode)
+            return logits, variables["cache"]
+
+        return tokens_to_logits
+
+    def predict_batch(self, params: Params, batch: Batch, max_decode_length: int,
+                      return_scores: bool = False) -> Array | tuple[Array, Array]:
+        """Greedy decoding (the paper's test-time decoding) on the key/value cache."""
+        inputs = batch["encoder_input_tokens"]
+        encoded = self.module.apply({"params": params}, inputs, method=t5.Transformer.encode)
+        cache = self.init_cache(params, inputs, max_decode_length)
+        step = self.decode_step_fn(params, encoded, inputs, max_decode_length)
+        tokens, scores = decoding.greedy_decode(
+            step, cache, inputs.shape[0], max_decode_length,
+            start_token_id=self.decoder_start_token_id, eos_id=self.eos_id)
+        return (tokens, scores) if return_scores else tokens
+
+
+def shift_right(targets: np.ndarray | Array, start_token_id: int = 0) -> Array:
+    """Decoder inputs for unpacked targets: start token, then targets[:-1] (teacher forcing)."""
+    targets = jnp.asarray(targets)
+    start = jnp.full(targets.shape[:-1] + (1,), start_token_id, targets.dtype)
+    return jnp.concatenate([start, targets[..., :-1]], axis=-1)
+
+
+def unbox(params: Params) -> Params:
+    """Plain arrays from a tree of logically-partitioned boxes."""
+    return nn.meta.unbox(params)

@@ -1,0 +1,255 @@
+"""Transformer building blocks shared by every model family.
+
+Each parameter is created through `nn.with_logical_partitioning`, so it carries logical axis
+names ('embed', 'mlp', 'heads', 'kv', 'vocab', 'relpos_buckets') that the partitioning rules map
+onto a device mesh. The blocks follow Mesh-TensorFlow T5 (the paper's code): no dense biases,
+no 1/sqrt(d_kv) attention scaling (it is folded into the query initialisation), and fan-in
+normal initialisation.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+Initializer = Callable[..., Array]
+DType = jnp.dtype
+
+# Large negative number used instead of -inf so that fully masked rows stay finite.
+NEG_INF = -1e10
+
+
+def fan_in_normal(scale: float = 1.0) -> Initializer:
+    """Normal init with variance scale / fan_in, fan_in = product of the input axes.
+
+    Mesh-TF T5 initialises every kernel this way; `scale` lets the query projection fold in the
+    1/d_kv factor that other Transformers apply to the attention logits.
+    """
+
+    def init(key: Array, shape: Sequence[int], dtype: DType, in_axes: int = 1) -> Array:
+        fan_in = int(np.prod(shape[:in_axes]))
+        return jax.random.normal(key, shape, dtype) * np.sqrt(scale / fan_in).astype(dtype)
+
+    return init
+
+
+def _param(module: nn.Module, name: str, init: Initializer, shape: Sequence[int],
+           axes: Sequence[str], dtype: DType = jnp.float32) -> Array:
+    """Declare a parameter tagged with logical axis names."""
+    return module.param(name, nn.with_logical_partitioning(init, tuple(axes)), tuple(shape), dtype)
+
+
+class RMSNorm(nn.Module):
+    """T5 layer norm: scale only, no bias, no mean subtraction, statistics in float32."""
+
+    epsilon: float = 1e-6
+    dtype: DType = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        x32 = x.astype(jnp.float32)
+        variance = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+        y = x32 * jax.lax.rsqrt(variance + self.epsilon)
+        scale = _param(self, "scale", nn.initializers.ones, (x.shape[-1],), ("embed",))
+        return (y * scale).astype(self.dtype)
+
+
+class Embed(nn.Module):
+    """Token embedding table that can also act as the (tied) output projection."""
+
+    num_embeddings: int
+    features: int
+    dtype: DType = jnp.float32
+    embedding_init: Initializer = nn.initializers.normal(stddev=1.0)
+
+    def setup(self) -> None:
+        self.embedding = _param(self, "embedding", self.embedding_init,
+                                (self.num_embeddings, self.features), ("vocab", "embed"))
+
+    def __call__(self, token_ids: Array) -> Array:
+        return jnp.take(self.embedding, token_ids, axis=0).astype(self.dtype)
+
+    def attend(self, query: Array) -> Array:
+        """Logits against every embedding row: query @ embedding^T."""
+        return jnp.einsum("...d,vd->...v", query, self.embedding.astype(self.dtype))
+
+
+class Dense(nn.Module):
+    """Bias-free projection from the last `len(in_axes)` dims to `features` dims."""
+
+    features: Sequence[int]
+    in_axes: Sequence[str]
+    out_axes: Sequence[str]
+    kernel_init: Initializer = fan_in_normal()
+    dtype: DType = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        n_in = len(self.in_axes)
+        in_shape = x.shape[-n_in:]
+        init = functools.partial(self.kernel_init, in_axes=n_in)
+        kernel = _param(self, "kernel", init, (*in_shape, *self.features),
+                        (*self.in_axes, *self.out_axes))
+        contract = tuple(range(x.ndim - n_in, x.ndim))
+        return jax.lax.dot_general(
+            x.astype(self.dtype), kernel.astype(self.dtype),
+            ((contract, tuple(range(n_in))), ((), ())))
+
+
+class MlpBlock(nn.Module):
+    """Feed-forward block: ReLU (T5 v1.0) or gated GELU (T5 v1.1), no biases.
+
+    With several activations, each gets its own input projection (`wi_0`, `wi_1`, ...) and the
+    results are multiplied together: ('gelu', 'linear') is GEGLU.
+    """
+
+    mlp_dim: int
+    activations: Sequence[str] = ("relu",)
+    dropout_rate: float = 0.0
+    dtype: DType = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array, deterministic: bool = True) -> Array:
+        emb_dim = x.shape[-1]
+        hidden = None
+        for i, act in enumerate(self.activations):
+            name = "wi" if len(self.activations) == 1 else f"wi_{i}"
+            h = Dense((self.mlp_dim,), ("embed",), ("mlp",), dtype=self.dtype, name=name)(x)
+            h = _activation(act)(h)
+            hidden = h if hidden is None else hidden * h
+        hidden = nn.Dropout(self.dropout_rate, broadcast_dims=(-2,))(
+            hidden, deterministic=deterministic)
+        return Dense((emb_dim,), ("mlp",), ("embed",), dtype=self.dtype, name="wo")(hidden)
+
+
+def _activation(name: str) -> Callable[[Array], Array]:
+    table = {
+        "relu": nn.relu,
+        "gelu": functools.partial(nn.gelu, approximate=True),  # T5 v1.1 / HF "gelu_new"
+        "gelu_exact": functools.partial(nn.gelu, approximate=False),
+        "linear": lambda x: x,
+    }
+    if name not in table:
+        raise ValueError(f"Unknown activation {name!r}; choose one of {sorted(table)}.")
+    return table[name]
+
+
+def relative_position_bucket(relative_position: np.ndarray, bidirectional: bool = True,
+                             num_buckets: int = 32, max_distance: int = 128) -> np.ndarray:
+    """Map key_position - query_position to a bucket index, as Mesh-TF T5 does.
+
+    Half the buckets are exact offsets; the rest are logarithmically spaced up to
+    `max_distance`, beyond which every offset shares the last bucket. Bidirectional attention
+    spends half the buckets on keys after the query. A tiny epsilon inside the log keeps exact
+    powers on their own bucket despite float rounding (the reference does the same).
+    """
+    n = -np.asarray(relative_position, dtype=np.int64)
+    ret = np.zeros_like(n)
+    if bidirectional:
+        num_buckets //= 2
+        ret += (n < 0).astype(np.int64) * num_buckets
+        n = np.abs(n)
+    else:
+        n = np.maximum(n, 0)
+    max_exact = num_buckets // 2
+    is_small = n < max_exact
+    with np.errstate(divide="ignore"):
+        val_if_large = max_exact + (
+            np.log(n.astype(np.float32) / max_exact + np.finfo(np.float32).eps)
+            / np.log(max_distance / max_exact) * (num_buckets - max_exact)).astype(np.int64)
+    val_if_large = np.minimum(val_if_large, num_buckets - 1)
+    return ret + np.where(is_small, n, val_if_large)
+
+
+class RelativePositionBias(nn.Module):
+    """One learned scalar per (head, bucket), added to the attention logits.
+
+    Computed once per stack and shared by all of that stack's layers.
+    """
+
+    num_buckets: int
+    max_distance: int
+    num_heads: int
+    bidirectional: bool
+    dtype: DType = jnp.float32
+
+    @nn.compact
+    def __call__(self, q_len: int, k_len: int) -> Array:
+        context = np.arange(q_len)[:, None]
+        memory = np.arange(k_len)[None, :]
+        buckets = relative_position_bucket(memory - context, self.bidirectional,
+                                           self.num_buckets, self.max_distance)
+        table = _param(self, "rel_embedding", fan_in_normal(),
+                       (self.num_heads, self.num_buckets), ("heads", "relpos_buckets"))
+        bias = jnp.take(table, jnp.asarray(buckets), axis=1)  # (heads, q, k)
+        return bias[None].astype(self.dtype)  # (1, heads, q, k)
+
+
+class MultiHeadAttention(nn.Module):
+    """Dot-product attention with an optional autoregressive key/value cache.
+
+    With `decode=True` and an initialised cache, `inputs_q` holds one new position per example;
+    its key and value are written at `cache_index` and it attends to all cached positions up to
+    and including itself. The cache is created (all zeros) by calling the module once with
+    `decode=True` on full-length inputs, which is how `init` is done for decoding.
+    """
+
+    num_heads: int
+    head_dim: int
+    dropout_rate: float = 0.0
+    dtype: DType = jnp.float32
+    float32_logits: bool = True
+
+    @nn.compact
+    def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Array | None = None,
+                 bias: Array | None = None, deterministic: bool = True,
+                 decode: bool = False) -> Array:
+        proj = functools.partial(Dense, features=(self.num_heads, self.head_dim),
+                                 in_axes=("embed",), out_axes=("heads", "kv"), dtype=self.dtype)
+        emb_dim = inputs_q.shape[-1]
+        # Fold the 1/sqrt(d_kv) logit scaling into the query initialisation (Mesh-TF T5).
+        query = proj(kernel_init=fan_in_normal(1.0 / self.head_dim), name="query")(inputs_q)
+        key = proj(name="key")(inputs_kv)
+        value = proj(name="value")(inputs_kv)
+
+        if decode:
+            key, value, mask, bias = self._update_cache(key, value, mask, bias)
+
+        logit_dtype = jnp.float32 if self.float32_logits else self.dtype
+        logits = jnp.einsum("bqhd,bkhd->bhqk", query.astype(logit_dtype), key.astype(logit_dtype))
+        if bias is not None:
+            logits = logits + bias.astype(logit_dtype)
+        if mask is not None:
+            logits = jnp.where(mask, logits, jnp.asarray(NEG_INF, logit_dtype))
+        weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
+        weights = nn.Dropout(self.dropout_rate)(weights, deterministic=deterministic)
+        out = jnp.einsum("bhqk,bkhd->bqhd", weights, value)
+        return Dense((emb_dim,), ("heads", "kv"), ("embed",), dtype=self.dtype, name="out")(out)
+
+    def _update_cache(self, key: Array, value: Array, mask: Array | None,
+                      bias: Array | None) -> tuple[Array, Array, Array | None, Array | None]:
+        is_initialized = self.has_variable("cache", "cached_key")
+        cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
+        cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+        cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+        if not is_initialized:
+            return key, value, mask, bias
+        batch, max_len, _, _ = cached_key.value.shape
+        if key.shape[1] != 1:
+            raise ValueError(f"Cached decoding takes one position per step, got {key.shape[1]}.")
+        index = cache_index.value
+        key = jax.lax.dynamic_update_slice(cached_key.value, key, (0, index, 0, 0))
+        value = jax.lax.dynamic_update_slice(cached_value.value, value, (0, index, 0, 0))
+        cached_key.value, cached_value.value = key, value
+        cache_index.value = index + 1
+        visible = (jnp.arange(max_len) <= index)[None, None, None, :]
+        mask = visible if mask is None else jnp.logical_and(mask, visible)
+        if bias is not None:
+            bias = jax.lax.dynamic_slice_in_dim(bias, index, 1, axis=-2)
+        return key, value, mask, bias

@@ -1,0 +1,221 @@
+"""The T5 encoder-decoder network (SPEC.md section 1), v1.0 and v1.1 from one module.
+
+Parameter names follow t5x (`token_embedder`, `encoder/layers_0/attention/query`, ...), so the
+tree reads the same as the checkpoints users already know.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import flax.linen as nn
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t5x_like.models import layers
+
+Array = jax.Array
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+    """Dimensions and switches of a T5 model. Defaults are T5 v1.0 Small.
+
+    `logits_via_embedding=True` ties the output layer to the input embedding and scales the
+    decoder output by emb_dim**-0.5 first (v1.0); False gives a separate `logits_dense` layer
+    initialised with std emb_dim**-0.5 (v1.1).
+    """
+
+    vocab_size: int = 32128
+    emb_dim: int = 512
+    num_heads: int = 8
+    head_dim: int = 64
+    mlp_dim: int = 2048
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    mlp_activations: Sequence[str] = ("relu",)
+    dropout_rate: float = 0.1
+    logits_via_embedding: bool = True
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    layer_norm_epsilon: float = 1e-6
+    dtype: str = "float32"
+    float32_attention_logits: bool = True
+
+    def __post_init__(self) -> None:
+        # Gin hands lists; keep the config hashable so it can be a static jit argument.
+        object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
+
+    @property
+    def jnp_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.dtype)
+
+
+def _attention(cfg: T5Config, name: str) -> layers.MultiHeadAttention:
+    return layers.MultiHeadAttention(
+        num_heads=cfg.num_heads, head_dim=cfg.head_dim, dropout_rate=cfg.dropout_rate,
+        dtype=cfg.jnp_dtype, float32_logits=cfg.float32_attention_logits, name=name)
+
+
+def _norm(cfg: T5Config, name: str) -> layers.RMSNorm:
+    return layers.RMSNorm(epsilon=cfg.layer_norm_epsilon, dtype=cfg.jnp_dtype, name=name)
+
+
+def _relpos(cfg: T5Config, bidirectional: bool) -> layers.RelativePositionBias:
+    return layers.RelativePositionBias(
+        num_buckets=cfg.relative_attention_num_buckets,
+        max_distance=cfg.relative_attention_max_distance, num_heads=cfg.num_heads,
+        bidirectional=bidirectional, dtype=cfg.jnp_dtype, name="relpos_bias")
+
+
+class EncoderLayer(nn.Module):
+    cfg: T5Config
+
+    @nn.compact
+    def __call__(self, x: Array, mask: Array, bias: Array, deterministic: bool) -> Array:
+        cfg = self.cfg
+        dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+        h = _norm(cfg, "pre_attention_layer_norm")(x)
+        h = _attention(cfg, "attention")(h, h, mask, bias, deterministic)
+        x = x + dropout(h, deterministic=deterministic)
+        h = _norm(cfg, "pre_mlp_layer_norm")(x)
+        h = layers.MlpBlock(cfg.mlp_dim, cfg.mlp_activations, cfg.dropout_rate, cfg.jnp_dtype,
+                            name="mlp")(h, deterministic)
+        return x + dropout(h, deterministic=deterministic)
+
+
+class DecoderLayer(nn.Module):
+    cfg: T5Config
+
+    @nn.compact
+    def __call__(self, x: Array, encoded: Array, self_mask: Array | None,
+                 cross_mask: Array | None, bias: Array, deterministic: bool,
+                 decode: bool = False) -> Array:
+        cfg = self.cfg
+        dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+        h = _norm(cfg, "pre_self_attention_layer_norm")(x)
+        h = _attention(cfg, "self_attention")(h, h, self_mask, bias, deterministic, decode)
+        x = x + dropout(h, deterministic=deterministic)
+        h = _norm(cfg, "pre_cross_attention_layer_norm")(x)
+        h = _attention(cfg, "encoder_decoder_attention")(h, encoded, cross_mask, None,
+                                                         deterministic)
+        x = x + dropout(h, deterministic=deterministic)
+        h = _norm(cfg, "pre_mlp_layer_norm")(x)
+        h = layers.MlpBlock(cfg.mlp_dim, cfg.mlp_activations, cfg.dropout_rate, cfg.jnp_dtype,
+                            name="mlp")(h, deterministic)
+        return x + dropout(h, deterministic=deterministic)
+
+
+class Encoder(nn.Module):
+    cfg: T5Config
+    shared_embedding: nn.Module
+
+    @nn.compact
+    def __call__(self, tokens: Array, mask: Array, deterministic: bool) -> Array:
+        cfg = self.cfg
+        dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+        x = dropout(self.shared_embedding(tokens), deterministic=deterministic)
+        length = tokens.shape[-1]
+        bias = _relpos(cfg, bidirectional=True)(length, length)
+        for i in range(cfg.num_encoder_layers):
+            x = EncoderLayer(cfg, name=f"layers_{i}")(x, mask, bias, deterministic)
+        x = _norm(cfg, "encoder_norm")(x)
+        return dropout(x, deterministic=deterministic)
+
+
+class Decoder(nn.Module):
+    cfg: T5Config
+    shared_embedding: nn.Module
+
+    @nn.compact
+    def __call__(self, encoded: Array, decoder_input_tokens: Array, self_mask: Array | None,
+                 cross_mask: Array | None, deterministic: bool, decode: bool = False,
+                 max_decode_length: int | None = None) -> Array:
+        cfg = self.cfg
+        dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+        x = dropout(self.shared_embedding(decoder_input_tokens), deterministic=deterministic)
+        length = max_decode_length if decode and max_decode_length else x.shape[-2]
+        bias = _relpos(cfg, bidirectional=False)(length, length)
+        for i in range(cfg.num_decoder_layers):
+            x = DecoderLayer(cfg, name=f"layers_{i}")(x, encoded, self_mask, cross_mask, bias,
+                                                       deterministic, decode)
+        x = _norm(cfg, "decoder_norm")(x)
+        x = dropout(x, deterministic=deterministic)
+        if cfg.logits_via_embedding:
+            logits = self.shared_embedding.attend(x * (cfg.emb_dim ** -0.5))
+        else:
+            logits = layers.Dense((cfg.vocab_size,), ("embed",), ("vocab",), dtype=cfg.jnp_dtype,
+                                  name="logits_dense")(x)
+        return logits.astype(jnp.float32)
+
+
+def _padding_mask(q_tokens: Array, k_tokens: Array) -> Array:
+    return nn.make_attention_mask(q_tokens > 0, k_tokens > 0)
+
+
+def _segment_mask(q_segments: Array | None, k_segments: Array | None) -> Array | None:
+    if q_segments is None:
+        return None
+    return nn.make_attention_mask(q_segments, k_segments, jnp.equal)
+
+
+class Transformer(nn.Module):
+    """T5 encoder-decoder. Token id 0 is padding; segment ids separate packed examples."""
+
+    config: T5Config
+
+    def setup(self) -> None:
+        cfg = self.config
+        self.token_embedder = layers.Embed(cfg.vocab_size, cfg.emb_dim, dtype=cfg.jnp_dtype)
+        self.encoder = Encoder(cfg, self.token_embedder)
+        self.decoder = Decoder(cfg, self.token_embedder)
+
+    def encode(self, encoder_input_tokens: Array, encoder_segment_ids: Array | None = None,
+               enable_dropout: bool = False) -> Array:
+        mask = nn.combine_masks(
+            _padding_mask(encoder_input_tokens, encoder_input_tokens),
+            _segment_mask(encoder_segment_ids, encoder_segment_ids))
+        return self.encoder(encoder_input_tokens, mask, deterministic=not enable_dropout)
+
+    def decode(self, encoded: Array, encoder_input_tokens: Array, decoder_input_tokens: Array,
+               encoder_segment_ids: Array | None = None,
+               decoder_segment_ids: Array | None = None, enable_dropout: bool = False,
+               decode: bool = False, max_decode_length: int | None = None) -> Array:
+        if decode:
+            # One new position per call: causality comes from the cache's fill level.
+            self_mask = None
+            cross_mask = nn.make_attention_mask(jnp.ones_like(decoder_input_tokens) > 0,
+                                                encoder_input_tokens > 0)
+        else:
+            self_mask = nn.combine_masks(
+                nn.make_causal_mask(decoder_input_tokens),
+                _segment_mask(decoder_segment_ids, decoder_segment_ids))
+            # Decoder inputs start with token 0 (the start token), so they cannot mark padding;
+            # none is needed: padding sits at the end, where causality already hides it from
+            # real positions, and padded positions carry zero loss weight.
+            cross_mask = nn.combine_masks(
+                nn.make_attention_mask(jnp.ones_like(decoder_input_tokens) > 0,
+                                       encoder_input_tokens > 0),
+                _segment_mask(decoder_segment_ids, encoder_segment_ids))
+        return self.decoder(encoded, decoder_input_tokens, self_mask, cross_mask,
+                            deterministic=not enable_dropout, decode=decode,
+                            max_decode_length=max_decode_length)
+
+    def __call__(self, encoder_input_tokens: Array, decoder_input_tokens: Array,
+                 encoder_segment_ids: Array | None = None,
+                 decoder_segment_ids: Array | None = None, enable_dropout: bool = False,
+                 decode: bool = False, max_decode_length: int | None = None) -> Array:
+        encoded = self.encode(encoder_input_tokens, encoder_segment_ids, enable_dropout)
+        return self.decode(encoded, encoder_input_tokens, decoder_input_tokens,
+                           encoder_segment_ids, decoder_segment_ids, enable_dropout,
+                           decode=decode, max_decode_length=max_decode_length)
+
+
+def count_params(params) -> int:
+    """Number of scalars in a (possibly boxed or abstract) parameter tree."""
+    leaves = jax.tree_util.tree_leaves(nn.meta.unbox(params))
+    return int(sum(np.prod(x.shape) for x in leaves))
