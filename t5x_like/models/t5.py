@@ -153,14 +153,35 @@ class Decoder(nn.Module):
         return logits.astype(jnp.float32)
 
 
-def _padding_mask(q_tokens: Array, k_tokens: Array) -> Array:
-    return nn.make_attention_mask(q_tokens > 0, k_tokens > 0)
+def encoder_self_mask(tokens: Array, segment_ids: Array | None = None) -> Array:
+    """(batch, 1, len, len): real tokens see real tokens of their own packed example."""
+    return nn.combine_masks(
+        nn.make_attention_mask(tokens > 0, tokens > 0),
+        None if segment_ids is None else nn.make_attention_mask(segment_ids, segment_ids,
+                                                                jnp.equal))
 
 
-def _segment_mask(q_segments: Array | None, k_segments: Array | None) -> Array | None:
-    if q_segments is None:
-        return None
-    return nn.make_attention_mask(q_segments, k_segments, jnp.equal)
+def decoder_self_mask(decoder_input_tokens: Array, segment_ids: Array | None = None) -> Array:
+    """(batch, 1, len, len): causal, and within one packed example.
+
+    Decoder inputs start with token 0 (the start token), so they cannot mark padding; none is
+    needed: padding sits at the end, where causality already hides it from real positions, and
+    padded positions carry zero loss weight.
+    """
+    return nn.combine_masks(
+        nn.make_causal_mask(decoder_input_tokens),
+        None if segment_ids is None else nn.make_attention_mask(segment_ids, segment_ids,
+                                                                jnp.equal))
+
+
+def cross_attention_mask(decoder_input_tokens: Array, encoder_input_tokens: Array,
+                         decoder_segment_ids: Array | None = None,
+                         encoder_segment_ids: Array | None = None) -> Array:
+    """(batch, 1, dec_len, enc_len): real encoder tokens of the same packed example."""
+    return nn.combine_masks(
+        nn.make_attention_mask(jnp.ones_like(decoder_input_tokens) > 0, encoder_input_tokens > 0),
+        None if decoder_segment_ids is None else nn.make_attention_mask(
+            decoder_segment_ids, encoder_segment_ids, jnp.equal))
 
 
 class Transformer(nn.Module):
@@ -176,9 +197,7 @@ class Transformer(nn.Module):
 
     def encode(self, encoder_input_tokens: Array, encoder_segment_ids: Array | None = None,
                enable_dropout: bool = False) -> Array:
-        mask = nn.combine_masks(
-            _padding_mask(encoder_input_tokens, encoder_input_tokens),
-            _segment_mask(encoder_segment_ids, encoder_segment_ids))
+        mask = encoder_self_mask(encoder_input_tokens, encoder_segment_ids)
         return self.encoder(encoder_input_tokens, mask, deterministic=not enable_dropout)
 
     def decode(self, encoded: Array, encoder_input_tokens: Array, decoder_input_tokens: Array,
@@ -188,19 +207,11 @@ class Transformer(nn.Module):
         if decode:
             # One new position per call: causality comes from the cache's fill level.
             self_mask = None
-            cross_mask = nn.make_attention_mask(jnp.ones_like(decoder_input_tokens) > 0,
-                                                encoder_input_tokens > 0)
+            cross_mask = cross_attention_mask(decoder_input_tokens, encoder_input_tokens)
         else:
-            self_mask = nn.combine_masks(
-                nn.make_causal_mask(decoder_input_tokens),
-                _segment_mask(decoder_segment_ids, decoder_segment_ids))
-            # Decoder inputs start with token 0 (the start token), so they cannot mark padding;
-            # none is needed: padding sits at the end, where causality already hides it from
-            # real positions, and padded positions carry zero loss weight.
-            cross_mask = nn.combine_masks(
-                nn.make_attention_mask(jnp.ones_like(decoder_input_tokens) > 0,
-                                       encoder_input_tokens > 0),
-                _segment_mask(decoder_segment_ids, encoder_segment_ids))
+            self_mask = decoder_self_mask(decoder_input_tokens, decoder_segment_ids)
+            cross_mask = cross_attention_mask(decoder_input_tokens, encoder_input_tokens,
+                                              decoder_segment_ids, encoder_segment_ids)
         return self.decoder(encoded, decoder_input_tokens, self_mask, cross_mask,
                             deterministic=not enable_dropout, decode=decode,
                             max_decode_length=max_decode_length)

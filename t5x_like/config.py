@@ -1,0 +1,45 @@
+"""Gin configuration: parse files and command-line bindings, build the configured objects.
+
+Command-line bindings may give plain strings without quotes (`MODEL_DIR=/tmp/run`): a value that
+is not a Python literal, a gin reference (`@name`, `%MACRO`) or a container is quoted for the
+user, so nobody has to escape quotes in a shell.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Sequence
+
+import gin
+
+from t5x_like.models.t5 import T5Config
+
+
+def quote_plain_string(binding: str) -> str:
+    """`KEY=value` -> `KEY='value'` when `value` would not parse as a gin value."""
+    if "=" not in binding:
+        raise ValueError(f"Gin binding {binding!r} has no '='; write it as KEY=VALUE.")
+    key, value = binding.split("=", 1)
+    stripped = value.strip()
+    if not stripped or stripped[0] in "@%[({'\"":
+        return binding
+    try:
+        ast.literal_eval(stripped)
+        return binding
+    except (ValueError, SyntaxError):
+        if stripped in ("True", "False", "None"):
+            return binding
+        return f"{key}={stripped!r}"
+
+
+def parse_gin(gin_files: Sequence[str] = (), bindings: Sequence[str] = ()) -> None:
+    """Parse gin files, then bindings (later ones override earlier ones)."""
+    gin.parse_config_files_and_bindings(
+        list(gin_files), [quote_plain_string(b) for b in bindings], finalize_config=False)
+
+
+def load_model_config(gin_files: Sequence[str] = (), bindings: Sequence[str] = ()) -> T5Config:
+    """A T5Config from gin files and bindings, starting from a clean gin state."""
+    gin.clear_config()
+    parse_gin(gin_files, bindings)
+    return T5Config()

@@ -1,0 +1,35 @@
+"""Test-wide settings: no network, quiet TensorFlow, offline HuggingFace."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+class NetworkBlocked(RuntimeError):
+    pass
+
+
+_real_connect = socket.socket.connect
+
+
+def _guarded_connect(sock, address):
+    """Allow local sockets only: a test that reaches for the internet fails at once."""
+    host = address[0] if isinstance(address, tuple) else address
+    if sock.family == socket.AF_UNIX or host in ("127.0.0.1", "::1", "localhost"):
+        return _real_connect(sock, address)
+    raise NetworkBlocked(f"Tests must not use the network (tried to connect to {address!r}).")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _block_network():
+    socket.socket.connect = _guarded_connect
+    yield
+    socket.socket.connect = _real_connect

@@ -1,0 +1,31 @@
+import gin
+import pytest
+
+from t5x_like.config import load_model_config, quote_plain_string
+
+
+@pytest.mark.parametrize("binding,expected", [
+    ("MODEL_DIR=/tmp/run", "MODEL_DIR='/tmp/run'"),
+    ("T5Config.emb_dim=64", "T5Config.emb_dim=64"),
+    ("T5Config.dropout_rate=0.0", "T5Config.dropout_rate=0.0"),
+    ("T5Config.logits_via_embedding=False", "T5Config.logits_via_embedding=False"),
+    ("T5Config.mlp_activations=('gelu', 'linear')", "T5Config.mlp_activations=('gelu', 'linear')"),
+    ("x.y=@f()", "x.y=@f()"),
+    ("x.y=%MACRO", "x.y=%MACRO"),
+    ("T5Config.dtype=bfloat16", "T5Config.dtype='bfloat16'"),
+    ("T5Config.dtype='float32'", "T5Config.dtype='float32'"),
+])
+def test_plain_strings_are_quoted(binding, expected):
+    assert quote_plain_string(binding) == expected
+
+
+def test_bindings_override_files():
+    cfg = load_model_config(["gin_configs/models/t5_1_1/small.gin"],
+                            ["T5Config.emb_dim=64", "T5Config.dtype=bfloat16"])
+    assert cfg.emb_dim == 64 and cfg.dtype == "bfloat16" and cfg.mlp_dim == 1024
+
+
+def test_unknown_binding_is_an_error():
+    with pytest.raises(ValueError, match="doesn't have a parameter named 'emb_dimm'"):
+        load_model_config([], ["T5Config.emb_dimm=64"])
+    gin.clear_config()
