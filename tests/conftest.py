@@ -33,3 +33,13 @@ def _block_network():
     socket.socket.connect = _guarded_connect
     yield
     socket.socket.connect = _real_connect
+
+
+@pytest.fixture(autouse=True)
+def _clean_gin():
+    """Gin bindings are process-global: never let one test's config leak into another."""
+    import gin
+
+    gin.clear_config()
+    yield
+    gin.clear_config()

@@ -1,4 +1,3 @@
-import gin
 import pytest
 
 from t5x_like.config import load_model_config, quote_plain_string
@@ -28,4 +27,3 @@ def test_bindings_override_files():
 def test_unknown_binding_is_an_error():
     with pytest.raises(ValueError, match="doesn't have a parameter named 'emb_dimm'"):
         load_model_config([], ["T5Config.emb_dimm=64"])
-    gin.clear_config()

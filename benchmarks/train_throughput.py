@@ -1,0 +1,183 @@
+"""Train-step throughput of T5: compile time, step time, tokens/s, MFU and memory.
+
+    python -m benchmarks.train_throughput [--batch 8] [--inputs 512] [--targets 128]
+        [--dtype float32|bfloat16] [--gin_file gin_configs/models/t5_1_1/base.gin] [--steps 10]
+
+The default model is the standard benchmark config: T5.1.1-style (gated-GELU, untied output),
+emb_dim 256, 4+4 layers, 4 heads of 64, mlp_dim 1024, vocab 32128, dropout 0, float32.
+One step = forward, backward and an optax Adafactor update (T5's settings), jitted.
+
+MFU = (model FLOPs per step / step time) / peak FLOP/s. Model FLOPs are XLA's count for the
+compiled step (cost analysis). The peak is measured here, as the best rate of a large square
+matmul in the same dtype on the same device, so the number means "fraction of what this machine
+can do in a matmul" on CPUs too, where no datasheet peak applies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from t5x_like import optimizers
+from t5x_like.config import load_model_config
+from t5x_like.models.encoder_decoder import EncoderDecoderModel, unbox
+from t5x_like.models.t5 import T5Config, count_params
+
+BENCHMARK_CONFIG = T5Config(
+    vocab_size=32128, emb_dim=256, num_heads=4, head_dim=64, mlp_dim=1024,
+    num_encoder_layers=4, num_decoder_layers=4, mlp_activations=("gelu", "linear"),
+    dropout_rate=0.0, logits_via_embedding=False)
+
+
+def measure_matmul_flops(dtype: str, size: int = 2048, repeats: int = 5) -> float:
+    """Best observed FLOP/s of a size x size matmul (the machine's practical peak)."""
+    a = jnp.ones((size, size), dtype)
+    f = jax.jit(lambda x: x @ x)
+    f(a).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        f(a).block_until_ready()
+        best = min(best, time.perf_counter() - t)
+    return 2 * size ** 3 / best
+
+
+def make_batch(cfg: T5Config, batch: int, inputs: int, targets: int) -> dict[str, jax.Array]:
+    rng = np.random.default_rng(0)
+    tgt = rng.integers(2, cfg.vocab_size, (batch, targets)).astype(np.int32)
+    return {
+        "encoder_input_tokens": jnp.asarray(
+            rng.integers(2, cfg.vocab_size, (batch, inputs)).astype(np.int32)),
+        "decoder_target_tokens": jnp.asarray(tgt),
+        "decoder_input_tokens": jnp.asarray(np.concatenate(
+            [np.zeros((batch, 1), np.int32), tgt[:, :-1]], axis=1)),
+        "decoder_loss_weights": jnp.ones((batch, targets), jnp.float32),
+    }
+
+
+def run(cfg: T5Config, batch: int, inputs: int, targets: int, steps: int) -> dict[str, Any]:
+    model = EncoderDecoderModel(cfg)
+    optimizer = optimizers.t5_adafactor(optimizers.inverse_sqrt_schedule())
+    params = unbox(model.init(jax.random.key(0), inputs, targets))
+    opt_state = optimizer.init(params)
+    data = make_batch(cfg, batch, inputs, targets)
+
+    def train_step(params, opt_state, data):
+        (loss, _), grads = jax.value_and_grad(model.loss_fn, has_aux=True)(params, data)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    t = time.perf_counter()
+    compiled = jax.jit(train_step, donate_argnums=(0, 1)).lower(params, opt_state, data).compile()
+    compile_s = time.perf_counter() - t
+
+    params, opt_state, loss = compiled(params, opt_state, data)  # warm-up
+    loss.block_until_ready()
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        params, opt_state, loss = compiled(params, opt_state, data)
+        loss.block_until_ready()
+        times.append(time.perf_counter() - t)
+    step_s = statistics.median(times)
+
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    flops = float(cost.get("flops", 0.0)) if cost else 0.0
+    memory = compiled.memory_analysis()
+    xla_bytes = None
+    if memory is not None:
+        xla_bytes = int(memory.temp_size_in_bytes + memory.argument_size_in_bytes
+                        + memory.output_size_in_bytes - memory.alias_size_in_bytes)
+    device_stats = jax.devices()[0].memory_stats() or {}
+    peak_flops = measure_matmul_flops(cfg.dtype)
+    tokens = batch * (inputs + targets)
+    return {
+        "params": count_params(params),
+        "batch": batch, "inputs": inputs, "targets": targets, "dtype": cfg.dtype,
+        "compile_s": compile_s,
+        "step_s_median": step_s,
+        "tokens_per_s": tokens / step_s,
+        "flops_per_step": flops,
+        "achieved_flops_per_s": flops / step_s,
+        "peak_matmul_flops_per_s": peak_flops,
+        "mfu": flops / step_s / peak_flops,
+        "xla_step_bytes": xla_bytes,
+        "device_peak_bytes": device_stats.get("peak_bytes_in_use"),
+        "host_max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "final_loss": float(loss),
+        "device": str(jax.devices()[0].device_kind),
+        "num_devices": jax.device_count(),
+        "host": platform.node(),
+        "jax": jax.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def _fmt_bytes(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / 2**20:,.1f} MiB"
+
+
+def print_table(result: dict[str, Any]) -> None:
+    rows = [
+        ("parameters", f"{result['params']:,}"),
+        ("batch x (inputs + targets)",
+         f"{result['batch']} x ({result['inputs']} + {result['targets']}), {result['dtype']}"),
+        ("compile time", f"{result['compile_s']:.2f} s"),
+        ("median step time", f"{result['step_s_median'] * 1e3:.1f} ms"),
+        ("tokens/s", f"{result['tokens_per_s']:,.0f}"),
+        ("FLOPs per step (XLA)", f"{result['flops_per_step']:.3e}"),
+        ("measured matmul peak", f"{result['peak_matmul_flops_per_s'] / 1e9:,.1f} GFLOP/s"),
+        ("MFU", f"{100 * result['mfu']:.1f} %"),
+        ("XLA step memory", _fmt_bytes(result["xla_step_bytes"])),
+        ("device peak memory", _fmt_bytes(result["device_peak_bytes"])),
+        ("host max RSS", _fmt_bytes(result["host_max_rss_bytes"])),
+        ("device", f"{result['device']} x{result['num_devices']}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--inputs", type=int, default=512)
+    parser.add_argument("--targets", type=int, default=128)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--gin_file", action="append", default=[],
+                        help="model gin file(s) instead of the benchmark config")
+    parser.add_argument("--gin", action="append", default=[], dest="bindings",
+                        help="extra gin binding, e.g. --gin T5Config.num_encoder_layers=2")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--out", default="benchmarks/results/train_throughput.json")
+    args = parser.parse_args(argv)
+
+    if args.gin_file or args.bindings:
+        cfg = load_model_config(args.gin_file, args.bindings)
+    else:
+        cfg = BENCHMARK_CONFIG
+    cfg = T5Config(**{**cfg.__dict__, "dtype": args.dtype})
+    result = run(cfg, args.batch, args.inputs, args.targets, args.steps)
+    result["config"] = {**cfg.__dict__, "mlp_activations": list(cfg.mlp_activations)}
+    print_table(result)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"wrote {args.out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+# Sourced by the launch scripts: make sure .venv exists and holds t5x_like at the locked versions.
+# Usage: ensure_venv [EXTRA]   (EXTRA: "test" for the test extra)
+# Re-installs only when pyproject.toml or requirements/lock.txt changed since the last install.
+
+ensure_venv() {
+  local extra="${1:-}" spec="." stamp want
+  [ -n "$extra" ] && spec=".[$extra]"
+  local python="${PYTHON:-python3}"
+  if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+    echo "t5x_like needs Python >= 3.11; set PYTHON=/path/to/python3.11 and rerun." >&2
+    return 1
+  fi
+  [ -x .venv/bin/python ] || "$python" -m venv .venv
+  # shellcheck disable=SC1091
+  source .venv/bin/activate
+  want="$(cat pyproject.toml requirements/lock.txt | sha256sum | cut -c1-16)-${extra:-none}"
+  stamp=.venv/.t5x_like_installed
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    echo "Installing t5x_like${extra:+ with the $extra extra} into .venv (locked versions)..."
+    python -m pip install --quiet --upgrade pip
+    python -m pip install --quiet -c requirements/lock.txt -e "$spec"
+    echo "$want" > "$stamp"
+  fi
+}
