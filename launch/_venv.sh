@@ -13,12 +13,15 @@ ensure_venv() {
   [ -x .venv/bin/python ] || "$python" -m venv .venv
   # shellcheck disable=SC1091
   source .venv/bin/activate
-  want="$(cat pyproject.toml requirements/lock.txt | sha256sum | cut -c1-16)-${extra:-none}"
+  want="$(cat pyproject.toml requirements/lock.txt | sha256sum | cut -c1-16)"
   stamp=.venv/.t5x_like_installed
-  if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  # The stamp holds "<hash> <extra>"; an install with the test extra also serves plain runs.
+  local have
+  have="$(cat "$stamp" 2>/dev/null || true)"
+  if [ "$have" != "$want ${extra:-none}" ] && { [ -n "$extra" ] || [ "${have%% *}" != "$want" ]; }; then
     echo "Installing t5x_like${extra:+ with the $extra extra} into .venv (locked versions)..."
     python -m pip install --quiet --upgrade pip
     python -m pip install --quiet -c requirements/lock.txt -e "$spec"
-    echo "$want" > "$stamp"
+    echo "$want ${extra:-none}" > "$stamp"
   fi
 }

@@ -15,6 +15,10 @@ import gin
 from t5x_like.models.t5 import T5Config
 
 
+class ConfigError(ValueError):
+    """A configuration or input that cannot work; the message says what to change."""
+
+
 def quote_plain_string(binding: str) -> str:
     """`KEY=value` -> `KEY='value'` when `value` would not parse as a gin value."""
     if "=" not in binding:

@@ -43,3 +43,12 @@ def _clean_gin():
     gin.clear_config()
     yield
     gin.clear_config()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def offline_cache(tmp_path_factory):
+    """A per-session cache for the offline corpus and its vocabulary (built on first use), so
+    tests neither depend on nor write to the user's ~/.cache."""
+    path = tmp_path_factory.mktemp("t5x_like_cache")
+    os.environ["T5X_LIKE_CACHE"] = str(path)
+    return path

@@ -133,8 +133,8 @@ def test_no_biases_and_rms_norm_scale_only():
     y = norm.apply(norm.init(jax.random.key(0), x), x)
     np.testing.assert_allclose(y, x / np.sqrt(np.mean(np.square(x)) + 1e-6), rtol=1e-6)
     # No mean subtraction: a constant vector maps to ones, not zeros.
-    np.testing.assert_allclose(norm.apply({"params": {"scale": jnp.ones(3)}}, jnp.full((1, 3), 5.0)),
-                               np.ones((1, 3)), rtol=1e-5)
+    constant = norm.apply({"params": {"scale": jnp.ones(3)}}, jnp.full((1, 3), 5.0))
+    np.testing.assert_allclose(constant, np.ones((1, 3)), rtol=1e-5)
 
 
 def test_every_parameter_has_logical_axes():

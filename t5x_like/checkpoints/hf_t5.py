@@ -116,18 +116,22 @@ def name_map(cfg: T5Config) -> Iterator[tuple[str, tuple[str, ...], Callable[[Te
             ours = (stack, f"layers_{i}")
             if stack == "encoder":
                 yield from attention(f"{hf}.0.SelfAttention", (*ours, "attention"))
-                yield f"{hf}.0.layer_norm.weight", (*ours, "pre_attention_layer_norm", "scale"), _identity
+                yield (f"{hf}.0.layer_norm.weight", (*ours, "pre_attention_layer_norm", "scale"),
+                       _identity)
                 yield from mlp(f"{hf}.1.DenseReluDense", ours)
-                yield f"{hf}.1.layer_norm.weight", (*ours, "pre_mlp_layer_norm", "scale"), _identity
+                yield (f"{hf}.1.layer_norm.weight", (*ours, "pre_mlp_layer_norm", "scale"),
+                       _identity)
             else:
                 yield from attention(f"{hf}.0.SelfAttention", (*ours, "self_attention"))
                 yield (f"{hf}.0.layer_norm.weight",
                        (*ours, "pre_self_attention_layer_norm", "scale"), _identity)
-                yield from attention(f"{hf}.1.EncDecAttention", (*ours, "encoder_decoder_attention"))
+                yield from attention(f"{hf}.1.EncDecAttention",
+                                     (*ours, "encoder_decoder_attention"))
                 yield (f"{hf}.1.layer_norm.weight",
                        (*ours, "pre_cross_attention_layer_norm", "scale"), _identity)
                 yield from mlp(f"{hf}.2.DenseReluDense", ours)
-                yield f"{hf}.2.layer_norm.weight", (*ours, "pre_mlp_layer_norm", "scale"), _identity
+                yield (f"{hf}.2.layer_norm.weight", (*ours, "pre_mlp_layer_norm", "scale"),
+                       _identity)
         norm = "encoder_norm" if stack == "encoder" else "decoder_norm"
         yield f"{stack}.final_layer_norm.weight", (stack, norm, "scale"), _identity
     if not cfg.logits_via_embedding:
@@ -213,8 +217,9 @@ def params_from_hf(tensors: dict[str, Tensor], cfg: T5Config) -> Params:
         raise CheckpointError(f"Missing tensor(s) in the checkpoint: {', '.join(missing[:10])}"
                               + (f" and {len(missing) - 10} more" if len(missing) > 10 else ""))
     if tensors:
-        raise CheckpointError(f"Unknown tensor(s) in the checkpoint: {', '.join(sorted(tensors)[:10])}"
-                              " — is this a T5 checkpoint of the size config.json describes?")
+        raise CheckpointError(f"Unknown tensor(s) in the checkpoint: "
+                              f"{', '.join(sorted(tensors)[:10])} — is this a T5 checkpoint of "
+                              "the size config.json describes?")
     return params
 
 

@@ -6,7 +6,6 @@ of another size or vocabulary is refused with a message instead of a shape error
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any
 
@@ -25,11 +24,9 @@ def _manager(directory: str, **options: Any) -> ocp.CheckpointManager:
 
 def save_params(directory: str, params: Params, config: T5Config, step: int = 0) -> str:
     """Write `params` and `config` as step `step` of an orbax checkpoint directory."""
-    config_dict = dataclasses.asdict(config)
-    config_dict["mlp_activations"] = list(config.mlp_activations)
     with _manager(directory) as manager:
         manager.save(step, args=ocp.args.Composite(
-            params=ocp.args.StandardSave(params), config=ocp.args.JsonSave(config_dict)))
+            params=ocp.args.StandardSave(params), config=ocp.args.JsonSave(config.to_json())))
         manager.wait_until_finished()
     return os.path.join(os.path.abspath(directory), str(step))
 

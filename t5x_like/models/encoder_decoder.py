@@ -11,6 +11,7 @@ import functools
 from typing import Any, Mapping
 
 import flax.linen as nn
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,6 +24,7 @@ Batch = Mapping[str, Array]
 Params = Any
 
 
+@gin.configurable
 class EncoderDecoderModel:
     """T5 with its loss, scoring and greedy decoding."""
 

@@ -54,6 +54,12 @@ class T5Config:
     def jnp_dtype(self) -> jnp.dtype:
         return jnp.dtype(self.dtype)
 
+    def to_json(self) -> dict:
+        """Plain JSON-able fields, as stored beside checkpoints."""
+        out = dataclasses.asdict(self)
+        out["mlp_activations"] = list(self.mlp_activations)
+        return out
+
 
 def _attention(cfg: T5Config, name: str) -> layers.MultiHeadAttention:
     return layers.MultiHeadAttention(

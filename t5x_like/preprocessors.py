@@ -1,0 +1,214 @@
+"""seqio preprocessors for T5's unsupervised objective (span corruption, SPEC.md section 1).
+
+These follow the t5 library's definitions step for step, so that data made here matches data
+that released T5 checkpoints were trained on:
+
+    select_random_chunk -> reduce_concat_tokens -> split_tokens(568) -> denoise(random spans)
+
+Randomness comes from seqio's per-call seeds (`seqio.map_over_dataset(num_seeds=...)`), so a
+pipeline built with a fixed seed is reproducible.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Mapping
+
+import seqio
+import tensorflow as tf
+
+Features = Mapping[str, tf.Tensor]
+AUTOTUNE = tf.data.AUTOTUNE
+
+
+# ----------------------------------------------------------------------- length arithmetic
+def random_spans_helper(inputs_length: int = 512, noise_density: float = 0.15,
+                        mean_noise_span_length: float = 3.0, extra_tokens_per_span_inputs: int = 1,
+                        extra_tokens_per_span_targets: int = 1) -> tuple[int, int]:
+    """(raw tokens to corrupt, resulting targets length) for a desired inputs length.
+
+    Inputs hold the non-noise tokens, one sentinel per noise span and EOS; targets hold the
+    noise tokens, one sentinel per span and EOS. For inputs_length 512 at 15% / mean span 3:
+    568 raw tokens -> 512 inputs, 114 targets.
+    """
+
+    def lengths(tokens_length: int) -> tuple[int, int]:
+        num_noise = int(round(tokens_length * noise_density))
+        num_nonnoise = tokens_length - num_noise
+        num_spans = int(round(num_noise / mean_noise_span_length))
+        return (num_nonnoise + num_spans * extra_tokens_per_span_inputs + 1,
+                num_noise + num_spans * extra_tokens_per_span_targets + 1)
+
+    tokens_length = inputs_length - 1
+    while lengths(tokens_length + 1)[0] <= inputs_length:
+        tokens_length += 1
+    _, targets_length = lengths(tokens_length)
+    # As in t5: at 50% noise keep targets no longer than inputs (a rounder number).
+    if noise_density == 0.5 and targets_length > inputs_length:
+        tokens_length -= 1
+        targets_length -= 1
+    return tokens_length, targets_length
+
+
+# ----------------------------------------------------------------------- noise masks
+def random_spans_noise_mask(length: tf.Tensor, noise_density: float, seeds: tf.Tensor,
+                            mean_noise_span_length: float = 3.0) -> tf.Tensor:
+    """Boolean mask of `length` with ~noise_density of positions in random spans.
+
+    round(length * density) noise tokens are cut into round(noise / mean_span) spans; the
+    non-noise tokens into as many spans; the two interleave starting with non-noise. Span
+    lengths are random segmentations (uniform over compositions).
+    """
+    if noise_density == 0.0:
+        return tf.zeros(length, tf.bool)
+    orig_length = length
+    length = tf.maximum(length, 2)  # avoid degenerate single-token examples
+
+    num_noise = tf.cast(tf.round(tf.cast(length, tf.float32) * noise_density), tf.int32)
+    num_noise = tf.minimum(tf.maximum(num_noise, 1), length - 1)
+    num_spans = tf.cast(tf.round(tf.cast(num_noise, tf.float32) / mean_noise_span_length),
+                        tf.int32)
+    num_spans = tf.maximum(num_spans, 1)
+    num_nonnoise = length - num_noise
+
+    def random_segmentation(num_items, num_segments, seed):
+        first_in_segment = tf.pad(
+            seqio.stateless_shuffle(
+                tf.cast(tf.range(num_items - 1) < num_segments - 1, tf.int32), seed),
+            [[1, 0]])
+        segment_id = tf.cumsum(first_in_segment)
+        return tf.math.segment_sum(tf.ones_like(segment_id), segment_id)
+
+    noise_lengths = random_segmentation(num_noise, num_spans, seeds[0])
+    nonnoise_lengths = random_segmentation(num_nonnoise, num_spans, seeds[1])
+    interleaved = tf.reshape(tf.stack([nonnoise_lengths, noise_lengths], axis=1),
+                             [num_spans * 2])
+    span_starts = tf.cumsum(interleaved)[:-1]
+    span_start_indicator = tf.math.unsorted_segment_sum(
+        tf.ones_like(span_starts), span_starts, length)
+    span_num = tf.cumsum(span_start_indicator)
+    is_noise = tf.equal(span_num % 2, 1)
+    return is_noise[:orig_length]
+
+
+def sentinel_id(vocabulary: seqio.Vocabulary) -> int:
+    """The first sentinel: the top of the vocabulary (`<extra_id_0>`); later ones count down."""
+    return vocabulary.vocab_size - 1
+
+
+def noise_span_to_unique_sentinel(tokens: tf.Tensor, noise_mask: tf.Tensor,
+                                  vocabulary: seqio.Vocabulary) -> tf.Tensor:
+    """Replace each run of noise tokens by one sentinel, unique within the example."""
+    prev_is_noise = tf.pad(noise_mask[:-1], [[1, 0]])
+    first_noise = tf.logical_and(noise_mask, tf.logical_not(prev_is_noise))
+    subsequent_noise = tf.logical_and(noise_mask, prev_is_noise)
+    sentinel = sentinel_id(vocabulary) + 1 - tf.cumsum(tf.cast(first_noise, tokens.dtype))
+    tokens = tf.where(first_noise, sentinel, tokens)
+    return tf.boolean_mask(tokens, tf.logical_not(subsequent_noise))
+
+
+def nonnoise_span_to_unique_sentinel(tokens: tf.Tensor, noise_mask: tf.Tensor,
+                                     vocabulary: seqio.Vocabulary) -> tf.Tensor:
+    """The targets of span corruption: the dropped spans, each preceded by its sentinel."""
+    return noise_span_to_unique_sentinel(tokens, tf.logical_not(noise_mask), vocabulary)
+
+
+# ----------------------------------------------------------------------- pipeline steps
+def select_random_chunk(dataset: tf.data.Dataset, max_length: int = 65536,
+                        feature_key: str = "targets") -> tf.data.Dataset:
+    """Keep one random `max_length` window of each (long) document; drop empty ones."""
+
+    @seqio.map_over_dataset(num_seeds=1)
+    def chunk(features, seed):
+        tokens = features[feature_key]
+        n = tf.shape(tokens)[0]
+        num_segments = tf.cast(tf.math.ceil(tf.cast(n, tf.float32) / max_length), tf.int32)
+        start = max_length * tf.random.stateless_uniform(
+            [], seed, minval=0, maxval=tf.maximum(num_segments, 1), dtype=tf.int32)
+        return {feature_key: tokens[start:tf.minimum(start + max_length, n)]}
+
+    dataset = dataset.filter(lambda x: tf.size(x[feature_key]) > 0)
+    return chunk(dataset)
+
+
+def reduce_concat_tokens(dataset: tf.data.Dataset, feature_key: str = "targets",
+                         batch_size: int = 128) -> tf.data.Dataset:
+    """Concatenate `batch_size` documents at a time, so short ones don't waste a row."""
+    dataset = dataset.map(lambda x: {feature_key: x[feature_key]}, num_parallel_calls=AUTOTUNE)
+    dataset = dataset.padded_batch(batch_size, padded_shapes={feature_key: [-1]})
+
+    def flatten(x):
+        tokens = tf.reshape(x[feature_key], [-1])
+        return {feature_key: tf.boolean_mask(tokens, tf.cast(tokens, tf.bool))}
+
+    return dataset.map(flatten, num_parallel_calls=AUTOTUNE)
+
+
+def split_tokens(dataset: tf.data.Dataset, max_tokens_per_segment: int,
+                 feature_key: str = "targets") -> tf.data.Dataset:
+    """Cut each token sequence into pieces of at most `max_tokens_per_segment`."""
+
+    def split(x):
+        tokens = x[feature_key]
+        n = tf.shape(tokens)[0]
+        num_segments = (n + max_tokens_per_segment - 1) // max_tokens_per_segment
+        padded = tf.pad(tokens, [[0, num_segments * max_tokens_per_segment - n]])
+        return tf.data.Dataset.from_tensor_slices(
+            {feature_key: tf.reshape(padded, [-1, max_tokens_per_segment])})
+
+    def strip(x):
+        tokens = x[feature_key]
+        return {feature_key: tf.boolean_mask(tokens, tf.not_equal(tokens, 0))}
+
+    return dataset.flat_map(split).map(strip, num_parallel_calls=AUTOTUNE)
+
+
+NoiseMaskFn = Callable[[tf.Tensor, float, tf.Tensor], tf.Tensor]
+SpanFn = Callable[[tf.Tensor, tf.Tensor, seqio.Vocabulary], tf.Tensor]
+
+
+def denoise(dataset: tf.data.Dataset, output_features: Mapping[str, seqio.Feature],
+            noise_density: float, noise_mask_fn: NoiseMaskFn, inputs_fn: SpanFn,
+            targets_fn: SpanFn | None = None) -> tf.data.Dataset:
+    """Make (inputs, targets) from `targets` tokens with a noise mask and two span functions."""
+    vocabulary = output_features["targets"].vocabulary
+    if "inputs" in output_features and output_features["inputs"].vocabulary != vocabulary:
+        raise ValueError("Span corruption needs the same vocabulary for inputs and targets.")
+
+    @seqio.map_over_dataset(num_seeds=2)
+    def corrupt(features, seeds):
+        tokens = features["targets"]
+        noise_mask = noise_mask_fn(tf.size(tokens), noise_density, seeds)
+        inputs = inputs_fn(tokens, noise_mask, vocabulary)
+        targets = targets_fn(tokens, noise_mask, vocabulary) if targets_fn else tokens
+        return {"inputs": inputs, "targets": targets}
+
+    return corrupt(dataset)
+
+
+def span_corruption(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
+                    output_features: Mapping[str, seqio.Feature],
+                    mean_noise_span_length: float = 3.0, noise_density: float = 0.15,
+                    merge_examples_to_reduce_padding: bool = True) -> tf.data.Dataset:
+    """T5's pretraining objective on a dataset of tokenized `targets` (whole documents).
+
+    The raw token count per example is chosen so that, after corruption, `inputs` exactly fills
+    sequence_length['inputs'] (with EOS); sequence_length['targets'] must hold the targets.
+    """
+    tokens_length, targets_length = random_spans_helper(
+        sequence_length["inputs"], noise_density, mean_noise_span_length)
+    if sequence_length["targets"] < targets_length:
+        raise ValueError(
+            f"Span corruption of inputs length {sequence_length['inputs']} at noise "
+            f"{noise_density} and mean span {mean_noise_span_length} makes targets of "
+            f"{targets_length} tokens, but the targets length is "
+            f"{sequence_length['targets']}; set it to at least {targets_length}.")
+    dataset = select_random_chunk(dataset)
+    if merge_examples_to_reduce_padding:
+        dataset = reduce_concat_tokens(dataset)
+    dataset = split_tokens(dataset, tokens_length)
+    return denoise(
+        dataset, output_features, noise_density,
+        noise_mask_fn=functools.partial(random_spans_noise_mask,
+                                        mean_noise_span_length=mean_noise_span_length),
+        inputs_fn=noise_span_to_unique_sentinel, targets_fn=nonnoise_span_to_unique_sentinel)

@@ -1,0 +1,287 @@
+"""Train a T5 model from gin files.
+
+    python -m t5x_like.train --gin_file=gin_configs/models/t5_1_1/small.gin \\
+        --gin_file=gin_configs/runs/pretrain.gin --gin.MODEL_DIR=/tmp/run --gin.TRAIN_STEPS=1000
+
+Later files override earlier ones and `--gin.KEY=VALUE` bindings override files; plain strings
+need no quotes. The run reads like a recipe, in sections: checks -> mesh -> data -> model ->
+optimizer -> checkpoint (resume) -> loop -> predictions. Rerunning the same command resumes
+from the newest checkpoint in MODEL_DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Mapping, Sequence
+
+import gin
+import jax
+import numpy as np
+import seqio
+from clu import metric_writers
+from tqdm import tqdm
+
+from t5x_like import config as config_lib
+from t5x_like import input_pipeline, optimizers, partitioning, trainer
+from t5x_like.models.encoder_decoder import EncoderDecoderModel
+from t5x_like.models.t5 import T5Config
+
+
+def _check_model_dir(model_dir: str | None) -> str:
+    if not model_dir:
+        raise config_lib.ConfigError("No model directory: pass --gin.MODEL_DIR=/path/for/this/run.")
+    model_dir = os.path.abspath(os.path.expanduser(model_dir))
+    try:
+        os.makedirs(model_dir, exist_ok=True)
+        probe = os.path.join(model_dir, ".write_test")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise config_lib.ConfigError(f"MODEL_DIR {model_dir} is not writable ({e}); choose another "
+                              "--gin.MODEL_DIR.") from e
+    return model_dir
+
+
+def _check_resume_config(checkpointer: trainer.Checkpointer, cfg: T5Config) -> None:
+    saved = checkpointer.restore_config()
+    if saved != cfg:
+        diffs = [f"{k}: checkpoint {v!r} vs config {getattr(cfg, k)!r}"
+                 for k, v in saved.to_json().items() if v != cfg.to_json()[k]]
+        raise config_lib.ConfigError(
+            f"MODEL_DIR {checkpointer.directory} holds a checkpoint of a different model "
+            f"({'; '.join(diffs)}). Use another --gin.MODEL_DIR or the checkpoint's model gin "
+            "file.")
+
+
+def _write_text(path: str, text: str) -> None:
+    if jax.process_index() == 0:
+        with open(path, "w") as f:
+            f.write(text)
+
+
+@gin.configurable
+def train(
+    model_dir: str | None = None,
+    task: str = "offline_span_corruption",
+    task_feature_lengths: Mapping[str, int] = (("inputs", 512), ("targets", 114)),
+    batch_size: int = 128,
+    train_steps: int = 2**19,
+    warmup_steps: int = 10_000,
+    learning_rate_scale: float = 1.0,
+    eval_every: int = 1000,
+    eval_batches: int = 10,
+    checkpoint_every: int = 1000,
+    keep_checkpoints: int | None = 5,
+    log_every: int = 100,
+    seed: int = 0,
+    pack: bool = True,
+    tfds_data_dir: str | None = None,
+    num_partitions: int = 1,
+    num_predictions: int = 4,
+) -> trainer.TrainState:
+    """Pretrain (or continue pretraining) and return the final train state.
+
+    The defaults are the T5 paper's baseline (2^19 steps of 128 x 512 packed tokens, AdaFactor,
+    1/sqrt(max(step, 10^4))). Exact data-order resume comes later: a resumed run reseeds the
+    data pipeline with the step, so it sees fresh examples rather than the killed run's next ones.
+    """
+    feature_lengths = dict(task_feature_lengths)
+
+    # --- checks, before anything expensive -----------------------------------------------
+    model_dir = _check_model_dir(model_dir)
+    if tfds_data_dir:
+        seqio.set_tfds_data_dir_override(tfds_data_dir)
+    task_obj = input_pipeline.resolve_task(task)
+    input_pipeline.check_data_available(task_obj, "train")
+    model = EncoderDecoderModel(T5Config())
+    cfg = model.config
+    input_pipeline.check_vocabulary(task_obj, cfg.vocab_size)
+    mesh = partitioning.make_mesh(num_partitions)
+    partitioning.check_batch_size(batch_size, mesh)
+    checkpointer = trainer.Checkpointer(model_dir, keep_checkpoints)
+    start_step = checkpointer.latest_step() or 0
+    if start_step:
+        _check_resume_config(checkpointer, cfg)
+
+    print(f"Operative config (saved to {model_dir}/config.gin):\n{gin.operative_config_str()}",
+          flush=True)
+    _write_text(os.path.join(model_dir, "config.gin"), gin.operative_config_str())
+
+    # --- data --------------------------------------------------------------------------
+    train_ds = input_pipeline.get_dataset(task, feature_lengths, batch_size, "train",
+                                          shuffle=True, seed=seed + start_step, num_epochs=None,
+                                          pack=pack)
+    train_iter = input_pipeline.numpy_batches(train_ds)
+
+    # --- model, optimizer, state ----------------------------------------------------------
+    lr_fn = optimizers.inverse_sqrt_schedule(warmup_steps, learning_rate_scale)
+    optimizer = optimizers.t5_adafactor(lr_fn)
+    rng = jax.random.key(seed)
+    state = trainer.init_state(model, optimizer, rng, mesh)
+    if start_step:
+        state = checkpointer.restore(state, start_step)
+        _log(f"Resumed from the checkpoint at step {start_step} in {checkpointer.directory}")
+    train_step = trainer.make_train_step(model, optimizer, lr_fn, mesh, state)
+    eval_step = trainer.make_eval_step(model, mesh, state.params)
+
+    writer = metric_writers.create_default_writer(
+        os.path.join(model_dir, "tensorboard"), just_logging=jax.process_index() > 0)
+    tokens_per_batch = batch_size * sum(feature_lengths.values())
+
+    # --- loop ----------------------------------------------------------------------------
+    bar = tqdm(total=train_steps, initial=start_step, desc="train", dynamic_ncols=True,
+               mininterval=1.0 if sys.stderr.isatty() else 30.0)
+    window: list[dict[str, jax.Array]] = []
+    window_start = time.perf_counter()
+    step = start_step
+    while step < train_steps:
+        batch = partitioning.global_batch(next(train_iter), mesh)
+        state, metrics = train_step(state, batch, rng)
+        step += 1
+        window.append(metrics)
+        bar.update(1)
+        if step % log_every == 0 or step == train_steps:
+            summary = _mean_metrics(window)
+            elapsed = time.perf_counter() - window_start
+            summary["tokens_per_s"] = tokens_per_batch * len(window) / elapsed
+            writer.write_scalars(step, {f"train/{k}": v for k, v in summary.items()})
+            bar.set_postfix(loss=f"{summary['loss']:.3f}", refresh=False)
+            _log(f"step {step:>7}  loss {summary['loss']:.4f}  "
+                       f"accuracy {summary['accuracy']:.3f}  lr {summary['learning_rate']:.2e}  "
+                       f"tokens/s {summary['tokens_per_s']:,.0f}")
+            window, window_start = [], time.perf_counter()
+            if step == start_step + log_every:
+                _write_text(os.path.join(model_dir, "operative_config.gin"),
+                            gin.operative_config_str())
+        if eval_every and (step % eval_every == 0 or step == train_steps):
+            eval_metrics = evaluate(eval_step, state.params, task, feature_lengths, batch_size,
+                                    eval_batches, mesh, pack)
+            if eval_metrics:
+                writer.write_scalars(step, {f"eval/{k}": v for k, v in eval_metrics.items()})
+                _log(f"step {step:>7}  eval loss {eval_metrics['loss']:.4f}  "
+                           f"eval accuracy {eval_metrics['accuracy']:.3f}")
+        if step % checkpoint_every == 0 or step == train_steps:
+            checkpointer.save(state, cfg)
+            _log(f"step {step:>7}  checkpoint saved")
+    bar.close()
+    checkpointer.close()
+    writer.flush()
+
+    if num_predictions:
+        show_predictions(model, state.params, task, feature_lengths, num_predictions)
+    return state
+
+
+def _log(message: str) -> None:
+    """A line above the progress bar, flushed at once (stdout may be a file or a pipe)."""
+    tqdm.write(message)
+    sys.stdout.flush()
+
+
+def _mean_metrics(window: Sequence[dict[str, jax.Array]]) -> dict[str, float]:
+    stacked = jax.device_get(window)
+    return {k: float(np.mean([m[k] for m in stacked])) for k in stacked[0]}
+
+
+def evaluate(eval_step, params, task: str, feature_lengths: Mapping[str, int], batch_size: int,
+             num_batches: int, mesh, pack: bool) -> dict[str, float]:
+    """Loss and token accuracy on the first `num_batches` validation batches (fixed order)."""
+    task_obj = input_pipeline.resolve_task(task)
+    split = "validation"
+    if split not in task_obj.splits:
+        return {}
+    ds = input_pipeline.get_dataset(task, feature_lengths, batch_size, split, shuffle=False,
+                                    seed=0, num_epochs=1, pack=pack)
+    totals: dict[str, float] = {}
+    for batch in ds.take(num_batches).as_numpy_iterator():
+        sums = jax.device_get(eval_step(params, partitioning.global_batch(batch, mesh)))
+        for k, v in sums.items():
+            totals[k] = totals.get(k, 0.0) + float(v)
+    if not totals:
+        return {}
+    weight = max(totals["weight_sum"], 1.0)
+    return {"loss": totals["loss_sum"] / weight, "accuracy": totals["correct"] / weight}
+
+
+def show_predictions(model: EncoderDecoderModel, params, task: str,
+                     feature_lengths: Mapping[str, int], count: int) -> None:
+    """Print validation inputs with the model's greedy spans beside the true ones."""
+    task_obj = input_pipeline.resolve_task(task)
+    split = "validation" if "validation" in task_obj.splits else "train"
+    ds = input_pipeline.get_dataset(task, feature_lengths, count, split, shuffle=False, seed=0,
+                                    num_epochs=1, pack=False)
+    batch = next(ds.as_numpy_iterator(), None)
+    if batch is None:
+        return
+    predict = jax.jit(lambda p, b: model.predict_batch(p, b, feature_lengths["targets"]))
+    predicted = np.asarray(predict(params, {"encoder_input_tokens": batch["encoder_input_tokens"]}))
+    vocab = task_obj.output_features["targets"].vocabulary
+    print("\nPredictions on validation examples (greedy decoding):")
+    for i in range(len(predicted)):
+        inputs = vocab.decode(_until_eos(batch["encoder_input_tokens"][i]))
+        print(f"\n[{i}] input:     {_shorten(inputs)}")
+        print(f"    predicted: {_shorten(vocab.decode(_until_eos(predicted[i])))}")
+        true = vocab.decode(_until_eos(batch["decoder_target_tokens"][i]))
+        print(f"    true:      {_shorten(true)}")
+
+
+def _until_eos(tokens: np.ndarray) -> list[int]:
+    out = []
+    for t in tokens.tolist():
+        if t in (0, 1):
+            break
+        out.append(t)
+    return out
+
+
+def _shorten(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+# ------------------------------------------------------------------------------ CLI
+def parse_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(gin files, gin bindings) from --gin_file=F and --gin.KEY=VALUE arguments."""
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="Bindings: --gin.KEY=VALUE, e.g. --gin.MODEL_DIR=/tmp/run "
+               "--gin.T5Config.dropout_rate=0.0 --gin.train.batch_size=64")
+    parser.add_argument("--gin_file", action="append", default=[],
+                        help="gin file; repeat for several (later ones override)")
+    args, rest = parser.parse_known_args(argv)
+    bindings = []
+    for arg in rest:
+        if arg.startswith("--gin.") and "=" in arg:
+            bindings.append(arg[len("--gin."):])
+        else:
+            parser.error(f"unrecognised argument {arg!r}; gin bindings are --gin.KEY=VALUE")
+    return args.gin_file, bindings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    files, bindings = parse_args(sys.argv[1:] if argv is None else argv)
+    for path in files:
+        if not os.path.exists(path):
+            print(f"error: gin file {path} does not exist (paths are relative to "
+                  f"{os.getcwd()}).", file=sys.stderr)
+            return 2
+    try:
+        config_lib.parse_gin(files, bindings)
+    except (ValueError, SyntaxError) as e:
+        print(f"error: bad gin configuration: {e}\nCheck the binding's spelling against the "
+              "configurables in gin_configs/ (e.g. train.batch_size, T5Config.emb_dim).",
+              file=sys.stderr)
+        return 2
+    try:
+        train()
+    except config_lib.ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""C4 pretraining tasks (T5 paper section 2.2) on the TFDS `c4/en` dataset.
+
+`c4_v220_span_corruption` keeps t5's name so configs carry over. T5 used c4/en 3.0.1; TFDS 4.9
+builds 3.1.0; `c4/en:3.*.*` accepts either, whichever is prepared in the TFDS data_dir.
+
+The vocabulary is T5's 32k SentencePiece model with 100 sentinels. Its default location is the
+public t5 bucket, readable from TPU VMs; set T5X_LIKE_C4_SPM to a local copy elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+
+import seqio
+
+from tasks import span_corruption
+
+C4_TFDS_NAME = "c4/en:3.*.*"
+DEFAULT_C4_SPM = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
+NUM_SENTINELS = 100
+
+
+def c4_vocabulary() -> seqio.SentencePieceVocabulary:
+    return seqio.SentencePieceVocabulary(os.environ.get("T5X_LIKE_C4_SPM", DEFAULT_C4_SPM),
+                                         extra_ids=NUM_SENTINELS)
+
+
+span_corruption.register(
+    "c4_v220_span_corruption",
+    source=seqio.TfdsDataSource(tfds_name=C4_TFDS_NAME),
+    vocabulary=c4_vocabulary(),
+)

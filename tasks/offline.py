@@ -1,0 +1,36 @@
+"""The offline default: span corruption on English prose shipped with Python itself.
+
+Nothing is downloaded. The corpus (t5x_like.offline_corpus) and its 2048-entry vocabulary
+(1948 SentencePiece pieces + 100 sentinels) are built on first use and cached.
+"""
+
+from __future__ import annotations
+
+import seqio
+import tensorflow as tf
+
+from t5x_like import offline_corpus
+from tasks import span_corruption
+
+
+class OfflineVocabulary(seqio.SentencePieceVocabulary):
+    """The offline corpus' SentencePiece model, trained on first use (not at import)."""
+
+    def __init__(self) -> None:
+        super().__init__(offline_corpus.vocabulary_path(), extra_ids=offline_corpus.NUM_SENTINELS)
+
+    def _model_context(self):
+        if self._model is None:
+            offline_corpus.ensure_vocabulary()
+        return super()._model_context()
+
+
+def _read_split(split: str, shuffle_files: bool, seed: int | None = None) -> tf.data.Dataset:
+    del shuffle_files, seed  # one file per split; examples are shuffled downstream
+    path = offline_corpus.ensure_corpus()[split]
+    return tf.data.TextLineDataset(path).map(lambda line: {"text": line})
+
+
+OFFLINE_SOURCE = seqio.FunctionDataSource(_read_split, splits=("train", "validation"))
+
+span_corruption.register("offline_span_corruption", OFFLINE_SOURCE, OfflineVocabulary())

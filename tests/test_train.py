@@ -1,0 +1,119 @@
+"""The training loop: schedule, a short run whose loss falls, kill -9 and resume, bad input."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import gin
+import numpy as np
+import pytest
+
+from t5x_like import config as config_lib
+from t5x_like import optimizers, train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_RUN = [
+    "T5Config.vocab_size=2048", "T5Config.emb_dim=64", "T5Config.num_heads=2",
+    "T5Config.head_dim=32", "T5Config.mlp_dim=128", "T5Config.num_encoder_layers=1",
+    "T5Config.num_decoder_layers=1", "T5Config.mlp_activations=('gelu', 'linear')",
+    "T5Config.logits_via_embedding=False", "T5Config.dropout_rate=0.0",
+    "train.task_feature_lengths={'inputs': 64, 'targets': 16}", "train.batch_size=8",
+    "train.eval_batches=1", "train.num_predictions=2", "train.log_every=5",
+]
+
+
+def test_inverse_sqrt_schedule_values():
+    schedule = optimizers.inverse_sqrt_schedule(10_000)
+    np.testing.assert_allclose(float(schedule(1)), 0.01, rtol=1e-6)
+    np.testing.assert_allclose(float(schedule(10_000)), 0.01, rtol=1e-6)
+    np.testing.assert_allclose(float(schedule(40_000)), 0.005, rtol=1e-6)
+
+
+def test_short_run_loss_falls_and_saves(tmp_path, capsys):
+    model_dir = tmp_path / "run"
+    config_lib.parse_gin([os.path.join(ROOT, "gin_configs/runs/quickstart.gin")], TINY_RUN + [
+        f"MODEL_DIR={model_dir}", "TRAIN_STEPS=40", "train.eval_every=40",
+        "train.checkpoint_every=20"])
+    train.train()
+    out = capsys.readouterr().out
+    losses = [float(line.split("loss ")[1].split()[0]) for line in out.splitlines()
+              if line.startswith("step") and " loss " in line and "eval" not in line]
+    assert len(losses) == 8
+    assert losses[-1] < losses[0] - 1.0, losses
+    assert "eval loss" in out and "predicted:" in out and "true:" in out
+    assert sorted(os.listdir(model_dir / "checkpoints")) == ["20", "40"]
+    assert "T5Config.emb_dim = 64" in (model_dir / "config.gin").read_text()
+    assert os.listdir(model_dir / "tensorboard")
+
+
+def _train_cmd(model_dir, steps, every=5):
+    bindings = TINY_RUN + [f"MODEL_DIR={model_dir}", f"TRAIN_STEPS={steps}",
+                           "train.eval_every=0", "train.num_predictions=0",
+                           f"train.checkpoint_every={every}"]
+    return [sys.executable, "-m", "t5x_like.train",
+            "--gin_file=gin_configs/runs/quickstart.gin"] + [f"--gin.{b}" for b in bindings]
+
+
+def test_killed_run_resumes_from_newest_checkpoint(tmp_path):
+    model_dir = tmp_path / "run"
+    ckpts = model_dir / "checkpoints"
+    proc = subprocess.Popen(_train_cmd(model_dir, 100_000), cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            done = [int(d) for d in os.listdir(ckpts) if d.isdigit()] if ckpts.exists() else []
+            if done and max(done) >= 10:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the run wrote no checkpoint at step >= 10 within 240 s")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    saved = max(int(d) for d in os.listdir(ckpts) if d.isdigit())
+    resumed = subprocess.run(_train_cmd(model_dir, saved + 5), cwd=ROOT, capture_output=True,
+                             text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"Resumed from the checkpoint at step {saved}" in resumed.stdout
+    assert f"step {saved + 5:>7}  loss" in resumed.stdout
+    assert f"step {saved + 1:>7}" not in resumed.stdout.split("Resumed")[0]
+    assert max(int(d) for d in os.listdir(ckpts) if d.isdigit()) == saved + 5
+
+
+def test_unknown_gin_binding_is_a_clear_error(tmp_path, capsys):
+    code = train.main(["--gin_file=gin_configs/runs/quickstart.gin",
+                       "--gin.train.batch_sise=8", f"--gin.MODEL_DIR={tmp_path}"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "batch_sise" in err and "gin_configs/" in err
+
+
+def test_missing_tfds_dataset_is_a_clear_error(tmp_path, capsys):
+    code = train.main(["--gin_file=gin_configs/runs/pretrain.gin",
+                       f"--gin.MODEL_DIR={tmp_path}/run", f"--gin.TFDS_DATA_DIR={tmp_path}/tfds"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "not prepared" in err and "tfds build c4" in err
+
+
+def test_model_dir_is_required(capsys):
+    assert train.main(["--gin_file=gin_configs/runs/pretrain.gin"]) == 2
+    assert "--gin.MODEL_DIR" in capsys.readouterr().err
+
+
+def test_resume_with_another_model_is_refused(tmp_path, capsys):
+    model_dir = tmp_path / "run"
+    config_lib.parse_gin(["gin_configs/runs/quickstart.gin"], TINY_RUN + [
+        f"MODEL_DIR={model_dir}", "TRAIN_STEPS=2", "train.eval_every=0",
+        "train.num_predictions=0"])
+    train.train()
+    gin.clear_config()
+    code = train.main(["--gin_file=gin_configs/runs/quickstart.gin"]
+                      + [f"--gin.{b}" for b in TINY_RUN]
+                      + [f"--gin.MODEL_DIR={model_dir}", "--gin.T5Config.emb_dim=96",
+                         "--gin.TRAIN_STEPS=4"])
+    assert code == 2
+    assert "emb_dim: checkpoint 64 vs config 96" in capsys.readouterr().err
