@@ -136,6 +136,7 @@ def train(
     bar = tqdm(total=train_steps, initial=start_step, desc="train", dynamic_ncols=True,
                mininterval=1.0 if sys.stderr.isatty() else 30.0)
     window: list[dict[str, jax.Array]] = []
+    eval_data = None
     window_start = time.perf_counter()
     step = start_step
     while step < train_steps:
@@ -151,19 +152,18 @@ def train(
             writer.write_scalars(step, {f"train/{k}": v for k, v in summary.items()})
             bar.set_postfix(loss=f"{summary['loss']:.3f}", refresh=False)
             _log(f"step {step:>7}  loss {summary['loss']:.4f}  "
-                       f"accuracy {summary['accuracy']:.3f}  lr {summary['learning_rate']:.2e}  "
-                       f"tokens/s {summary['tokens_per_s']:,.0f}")
+                 f"accuracy {summary['accuracy']:.3f}  lr {summary['learning_rate']:.2e}  "
+                 f"tokens/s {summary['tokens_per_s']:,.0f}")
             window, window_start = [], time.perf_counter()
-            if step == start_step + log_every:
-                _write_text(os.path.join(model_dir, "operative_config.gin"),
-                            gin.operative_config_str())
         if eval_every and (step % eval_every == 0 or step == train_steps):
-            eval_metrics = evaluate(eval_step, state.params, task, feature_lengths, batch_size,
-                                    eval_batches, mesh, pack)
+            if eval_data is None:
+                eval_data = load_eval_batches(task, feature_lengths, batch_size, eval_batches,
+                                              pack)
+            eval_metrics = evaluate(eval_step, state.params, eval_data, mesh)
             if eval_metrics:
                 writer.write_scalars(step, {f"eval/{k}": v for k, v in eval_metrics.items()})
                 _log(f"step {step:>7}  eval loss {eval_metrics['loss']:.4f}  "
-                           f"eval accuracy {eval_metrics['accuracy']:.3f}")
+                     f"eval accuracy {eval_metrics['accuracy']:.3f}")
         if step % checkpoint_every == 0 or step == train_steps:
             checkpointer.save(state, cfg)
             _log(f"step {step:>7}  checkpoint saved")
@@ -187,17 +187,22 @@ def _mean_metrics(window: Sequence[dict[str, jax.Array]]) -> dict[str, float]:
     return {k: float(np.mean([m[k] for m in stacked])) for k in stacked[0]}
 
 
-def evaluate(eval_step, params, task: str, feature_lengths: Mapping[str, int], batch_size: int,
-             num_batches: int, mesh, pack: bool) -> dict[str, float]:
-    """Loss and token accuracy on the first `num_batches` validation batches (fixed order)."""
-    task_obj = input_pipeline.resolve_task(task)
-    split = "validation"
-    if split not in task_obj.splits:
-        return {}
-    ds = input_pipeline.get_dataset(task, feature_lengths, batch_size, split, shuffle=False,
-                                    seed=0, num_epochs=1, pack=pack)
+def load_eval_batches(task: str, feature_lengths: Mapping[str, int], batch_size: int,
+                      num_batches: int, pack: bool) -> list[dict[str, np.ndarray]]:
+    """The first `num_batches` validation batches, read once and reused at every evaluation
+    (a fixed set, so evaluations are comparable); empty if the task has no validation split."""
+    if "validation" not in input_pipeline.resolve_task(task).splits:
+        return []
+    ds = input_pipeline.get_dataset(task, feature_lengths, batch_size, "validation",
+                                    shuffle=False, seed=0, num_epochs=1, pack=pack)
+    return list(ds.take(num_batches).as_numpy_iterator())
+
+
+def evaluate(eval_step, params, batches: Sequence[dict[str, np.ndarray]],
+             mesh) -> dict[str, float]:
+    """Per-token loss and accuracy over `batches`."""
     totals: dict[str, float] = {}
-    for batch in ds.take(num_batches).as_numpy_iterator():
+    for batch in batches:
         sums = jax.device_get(eval_step(params, partitioning.global_batch(batch, mesh)))
         for k, v in sums.items():
             totals[k] = totals.get(k, 0.0) + float(v)

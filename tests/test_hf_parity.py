@@ -149,3 +149,15 @@ def test_cli_reports_errors_without_writing(editable_checkpoint, tmp_path, capsy
     assert convert.main(["--from_hf", str(editable_checkpoint), "--to", str(out)]) == 2
     assert "shared.weight" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_sharded_bfloat16_checkpoint(tmp_path):
+    """A sharded safetensors checkpoint in bfloat16 imports to the same values in float32."""
+    model = _make_hf_checkpoint(tmp_path / "fp32", "v1_1_gated_gelu_untied")
+    model.to(torch.bfloat16).save_pretrained(str(tmp_path / "bf16"), max_shard_size="50KB")
+    assert (tmp_path / "bf16" / "model.safetensors.index.json").exists()
+    _, params = hf_t5.load_hf_checkpoint(str(tmp_path / "bf16"))
+    expected = model.lm_head.weight.detach().float().numpy().T  # the bf16 values, widened
+    got = params["decoder"]["logits_dense"]["kernel"]
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, expected)
