@@ -45,11 +45,11 @@ def token_log_likelihood(logits: Array, targets: Array) -> Array:
     return jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
 
 
-def normalizing_factor(weights: Array, loss_normalizing_factor: float | str | None) -> Array:
+def normalizing_factor(weight_sum: Array, loss_normalizing_factor: float | str | None) -> Array:
     """Divisor for the summed loss.
 
-    'num_real_target_tokens' (default): the number of non-padding target tokens, so the loss is
-    a per-token mean. A number: a constant, as Mesh-TF T5 used (e.g. 233472 = 2048 x 114) so
+    'num_real_target_tokens' (default): `weight_sum`, the number of non-padding target tokens,
+    so the loss is a per-token mean. A number: a constant, as Mesh-TF T5 used (e.g. 233472 = 2048 x 114) so
     that every token counts the same whatever the batch's padding. None: no normalisation.
     """
     if loss_normalizing_factor is None:
@@ -59,5 +59,5 @@ def normalizing_factor(weights: Array, loss_normalizing_factor: float | str | No
             raise ValueError(
                 f"loss_normalizing_factor={loss_normalizing_factor!r}: use a number, None or "
                 "'num_real_target_tokens'.")
-        return jnp.maximum(jnp.sum(weights.astype(jnp.float32)), 1.0)
+        return jnp.maximum(jnp.asarray(weight_sum, jnp.float32), 1.0)
     return jnp.asarray(float(loss_normalizing_factor), jnp.float32)

@@ -25,7 +25,7 @@ from clu import metric_writers
 from tqdm import tqdm
 
 from t5x_like import config as config_lib
-from t5x_like import input_pipeline, optimizers, partitioning, trainer
+from t5x_like import distributed, input_pipeline, optimizers, partitioning, trainer
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
 from t5x_like.models.t5 import T5Config
 
@@ -80,7 +80,7 @@ def train(
     seed: int = 0,
     pack: bool = True,
     tfds_data_dir: str | None = None,
-    num_partitions: int = 1,
+    num_microbatches: int = 1,
     num_predictions: int = 4,
 ) -> trainer.TrainState:
     """Pretrain (or continue pretraining) and return the final train state.
@@ -100,8 +100,9 @@ def train(
     model = EncoderDecoderModel(T5Config())
     cfg = model.config
     input_pipeline.check_vocabulary(task_obj, cfg.vocab_size)
-    mesh = partitioning.make_mesh(num_partitions)
-    partitioning.check_batch_size(batch_size, mesh)
+    mesh = partitioning.make_mesh()
+    rules = partitioning.logical_axis_rules(num_partitions=mesh.shape["model"])
+    partitioning.check_batch_size(batch_size, mesh, num_microbatches)
     checkpointer = trainer.Checkpointer(model_dir, keep_checkpoints)
     start_step = checkpointer.latest_step() or 0
     if start_step:
@@ -120,13 +121,23 @@ def train(
     # --- model, optimizer, state ----------------------------------------------------------
     lr_fn = optimizers.inverse_sqrt_schedule(warmup_steps, learning_rate_scale)
     optimizer = optimizers.t5_adafactor(lr_fn)
+    layout = trainer.make_layout(model, optimizer, mesh, rules)
+    table, param_bytes = partitioning.parameter_table(layout.boxed_params,
+                                                      layout.state_shardings.params)
+    state_bytes = partitioning.state_bytes_per_device(
+        trainer.abstract_state(model, optimizer, layout), layout.state_shardings)
+    report = (f"{partitioning.describe_mesh(mesh)}; rules {list(rules)}\n{table}\n"
+              f"parameters + optimizer state per device: {state_bytes:,} bytes")
+    _log(report)
+    _write_text(os.path.join(model_dir, "partitioning.txt"), report + "\n")
     rng = jax.random.key(seed)
-    state = trainer.init_state(model, optimizer, rng, mesh)
     if start_step:
-        state = checkpointer.restore(state, start_step)
+        state = checkpointer.restore(trainer.abstract_state(model, optimizer, layout), start_step)
         _log(f"Resumed from the checkpoint at step {start_step} in {checkpointer.directory}")
-    train_step = trainer.make_train_step(model, optimizer, lr_fn, mesh, state)
-    eval_step = trainer.make_eval_step(model, mesh, state.params)
+    else:
+        state = trainer.init_state(model, optimizer, rng, layout)
+    train_step = trainer.make_train_step(model, optimizer, lr_fn, layout, num_microbatches)
+    eval_step = trainer.make_eval_step(model, layout)
 
     writer = metric_writers.create_default_writer(
         os.path.join(model_dir, "tensorboard"), just_logging=jax.process_index() > 0)
@@ -141,7 +152,8 @@ def train(
     step = start_step
     while step < train_steps:
         batch = partitioning.global_batch(next(train_iter), mesh)
-        state, metrics = train_step(state, batch, rng)
+        with layout.context():
+            state, metrics = train_step(state, batch, rng)
         step += 1
         window.append(metrics)
         bar.update(1)
@@ -159,7 +171,8 @@ def train(
             if eval_data is None:
                 eval_data = load_eval_batches(task, feature_lengths, batch_size, eval_batches,
                                               pack)
-            eval_metrics = evaluate(eval_step, state.params, eval_data, mesh)
+            with layout.context():
+                eval_metrics = evaluate(eval_step, state.params, eval_data, mesh)
             if eval_metrics:
                 writer.write_scalars(step, {f"eval/{k}": v for k, v in eval_metrics.items()})
                 _log(f"step {step:>7}  eval loss {eval_metrics['loss']:.4f}  "
@@ -171,8 +184,9 @@ def train(
     checkpointer.close()
     writer.flush()
 
-    if num_predictions:
-        show_predictions(model, state.params, task, feature_lengths, num_predictions)
+    if num_predictions and jax.process_index() == 0:
+        show_predictions(model, jax.device_get(state.params), task, feature_lengths,
+                         num_predictions)
     return state
 
 
@@ -275,6 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     try:
         config_lib.parse_gin(files, bindings)
+        distributed.initialize()
     except (ValueError, SyntaxError) as e:
         print(f"error: bad gin configuration: {e}\nCheck the binding's spelling against the "
               "configurables in gin_configs/ (e.g. train.batch_size, T5Config.emb_dim).",

@@ -8,8 +8,11 @@ from the newest complete checkpoint). Shardings are explicit on every jitted cal
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+import contextlib
+import dataclasses
+from typing import Any, Callable, Iterator
 
+import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -32,36 +35,119 @@ class TrainState:
     opt_state: Any
 
 
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where everything lives: the mesh, the logical-axis rules and the train state's
+    shardings (parameters from their logical axes, optimizer state derived from them)."""
+
+    mesh: Mesh
+    rules: partitioning.Rules
+    state_shardings: TrainState
+    boxed_params: Any  # abstract, with logical axis names (for reports)
+
+    @property
+    def batch_sharding(self):
+        return partitioning.batch_sharding(self.mesh)
+
+    @property
+    def replicated(self):
+        return partitioning.replicated(self.mesh)
+
+    @contextlib.contextmanager
+    def context(self) -> Iterator[None]:
+        """Mesh and rules in scope, so the model's activation constraints apply when traced."""
+        with jax.set_mesh(self.mesh), nn.logical_axis_rules(list(self.rules)):
+            yield
+
+
+def make_layout(model: EncoderDecoderModel, optimizer: optax.GradientTransformation,
+                mesh: Mesh, rules: partitioning.Rules) -> Layout:
+    """Shardings of the whole train state, from abstract shapes only (nothing allocated)."""
+    boxed = model.abstract_params()
+    param_shardings = partitioning.param_shardings(boxed, mesh, rules)
+    params = unbox(boxed)
+    opt_state = jax.eval_shape(optimizer.init, params)
+    opt_shardings = partitioning.derived_shardings(opt_state, params, param_shardings, mesh)
+    shardings = TrainState(partitioning.replicated(mesh), param_shardings, opt_shardings)
+    return Layout(mesh, tuple(rules), shardings, boxed)
+
+
+def abstract_state(model: EncoderDecoderModel, optimizer: optax.GradientTransformation,
+                   layout: Layout) -> TrainState:
+    """ShapeDtypeStructs of the train state, carrying their shardings."""
+    params = unbox(layout.boxed_params)
+    state = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params,
+                       jax.eval_shape(optimizer.init, params))
+    return jax.tree_util.tree_map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
+        layout.state_shardings)
+
+
 def init_state(model: EncoderDecoderModel, optimizer: optax.GradientTransformation,
-               rng: jax.Array, mesh: Mesh) -> TrainState:
-    """Fresh parameters and optimizer state, created directly with their shardings."""
+               rng: jax.Array, layout: Layout) -> TrainState:
+    """Fresh parameters and optimizer state, each created directly on its shards."""
 
     def init(rng):
         params = unbox(model.init(rng))
         return TrainState(jnp.array(0, jnp.int32), params, optimizer.init(params))
 
-    abstract = jax.eval_shape(init, rng)
-    shardings = partitioning.tree_replicated(abstract, mesh)
-    return jax.jit(init, out_shardings=shardings)(rng)
+    with layout.context():
+        return jax.jit(init, out_shardings=layout.state_shardings)(rng)
+
+
+def _split_microbatches(batch: Batch, num_microbatches: int) -> Batch:
+    """(B, ...) -> (k, B/k, ...) taking every k-th row, so each micro-batch draws rows from
+    every data shard alike."""
+
+    def split(x):
+        x = x.reshape(x.shape[0] // num_microbatches, num_microbatches, *x.shape[1:])
+        return jnp.swapaxes(x, 0, 1)
+
+    return jax.tree_util.tree_map(split, batch)
 
 
 def make_train_step(model: EncoderDecoderModel, optimizer: optax.GradientTransformation,
-                    learning_rate_fn: optax.Schedule, mesh: Mesh,
-                    state_like: TrainState) -> Callable[[TrainState, Batch, jax.Array],
-                                                        tuple[TrainState, Metrics]]:
-    """Jitted step: dropout rng folded with the step, so a resumed run draws the same masks."""
-    state_sharding = partitioning.tree_replicated(state_like, mesh)
+                    learning_rate_fn: optax.Schedule, layout: Layout,
+                    num_microbatches: int = 1) -> Callable[[TrainState, Batch, jax.Array],
+                                                            tuple[TrainState, Metrics]]:
+    """Jitted step with explicit shardings. Gradients of the summed loss are accumulated over
+    `num_microbatches` and normalised once by the whole batch's normaliser, so accumulation
+    equals the full-batch step. The dropout rng is folded with the step (and micro-batch), so a
+    resumed run draws the same masks."""
+
+    def grads_and_sums(params, batch, rng):
+        def summed_loss(p, b, r):
+            sums = model.loss_sums(p, b, r)
+            return sums["loss_sum"], sums
+
+        grad_fn = jax.grad(summed_loss, has_aux=True)
+        if num_microbatches <= 1:
+            return grad_fn(params, batch, rng)
+        micro = _split_microbatches(batch, num_microbatches)
+
+        def accumulate(carry, inputs):
+            grads, sums = carry
+            mb, index = inputs
+            g, s = grad_fn(params, mb, jax.random.fold_in(rng, index))
+            return (jax.tree_util.tree_map(jnp.add, grads, g),
+                    jax.tree_util.tree_map(jnp.add, sums, s)), None
+
+        zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+        zero_sums = {k: jnp.zeros((), jnp.float32)
+                     for k in ("loss_sum", "z_loss_sum", "correct", "weight_sum")}
+        (grads, sums), _ = jax.lax.scan(accumulate, (zeros, zero_sums),
+                                        (micro, jnp.arange(num_microbatches)))
+        return grads, sums
 
     def train_step(state: TrainState, batch: Batch, rng: jax.Array):
         dropout_rng = jax.random.fold_in(rng, state.step)
-        grad_fn = jax.value_and_grad(model.loss_fn, has_aux=True)
-        (loss, sums), grads = grad_fn(state.params, batch, dropout_rng)
+        grads, sums = grads_and_sums(state.params, batch, dropout_rng)
+        grads = jax.tree_util.tree_map(lambda g: g / model.normalizer(sums["weight_sum"]), grads)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        del loss  # the normalised objective; report per-token values instead
         weight = jnp.maximum(sums["weight_sum"], 1.0)
         metrics = {
-            "loss": sums["loss_sum"] / weight,
+            "loss": sums["loss_sum"] / weight,  # per target token, whatever the normalisation
             "accuracy": sums["correct"] / weight,
             "z_loss": sums["z_loss_sum"] / weight,
             "learning_rate": learning_rate_fn(state.step),
@@ -72,24 +158,16 @@ def make_train_step(model: EncoderDecoderModel, optimizer: optax.GradientTransfo
 
     return jax.jit(
         train_step,
-        in_shardings=(state_sharding, partitioning.batch_sharding(mesh),
-                      partitioning.replicated(mesh)),
-        out_shardings=(state_sharding, partitioning.replicated(mesh)),
+        in_shardings=(layout.state_shardings, layout.batch_sharding, layout.replicated),
+        out_shardings=(layout.state_shardings, layout.replicated),
         donate_argnums=(0,))
 
 
-def make_eval_step(model: EncoderDecoderModel, mesh: Mesh,
-                   params_like: Any) -> Callable[[Any, Batch], Metrics]:
+def make_eval_step(model: EncoderDecoderModel, layout: Layout) -> Callable[[Any, Batch], Metrics]:
     """Jitted metric sums for one batch (summed over batches, divided at the end)."""
-
-    def eval_step(params, batch):
-        _, sums = model.loss_fn(params, batch)
-        return sums
-
-    return jax.jit(eval_step,
-                   in_shardings=(partitioning.tree_replicated(params_like, mesh),
-                                 partitioning.batch_sharding(mesh)),
-                   out_shardings=partitioning.replicated(mesh))
+    return jax.jit(model.loss_sums,
+                   in_shardings=(layout.state_shardings.params, layout.batch_sharding),
+                   out_shardings=layout.replicated)
 
 
 class Checkpointer:
@@ -117,9 +195,10 @@ class Checkpointer:
             opt_state=ocp.args.StandardSave(state.opt_state),
             config=ocp.args.JsonSave(config.to_json())))
 
-    def restore(self, state_like: TrainState, step: int | None = None) -> TrainState:
+    def restore(self, abstract: TrainState, step: int | None = None) -> TrainState:
+        """Restore onto the shardings carried by `abstract` (ShapeDtypeStructs): orbax reads
+        each device's shards, whatever mesh the checkpoint was written from."""
         step = self.latest_step() if step is None else step
-        abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, state_like)
         restored = self.manager.restore(step, args=ocp.args.Composite(
             params=ocp.args.StandardRestore(abstract.params),
             opt_state=ocp.args.StandardRestore(abstract.opt_state)))

@@ -60,9 +60,10 @@ class EncoderDecoderModel:
             batch.get("encoder_segment_ids"), batch.get("decoder_segment_ids"),
             enable_dropout=dropout_rng is not None, rngs=rngs)
 
-    def loss_fn(self, params: Params, batch: Batch,
-                dropout_rng: Array | None = None) -> tuple[Array, dict[str, Array]]:
-        """Normalised training loss and the metrics' raw sums."""
+    def loss_sums(self, params: Params, batch: Batch,
+                  dropout_rng: Array | None = None) -> dict[str, Array]:
+        """Un-normalised sums: loss, z-loss part, correct tokens and loss weight. Sums add up
+        across micro-batches, so accumulation equals the full-batch step exactly."""
         logits = self.logits(params, batch, dropout_rng)
         targets = batch["decoder_target_tokens"]
         weights = batch.get("decoder_loss_weights")
@@ -71,16 +72,22 @@ class EncoderDecoderModel:
         weights = weights.astype(jnp.float32)
         token_loss, z_part = losses.cross_entropy_with_logits(
             logits, targets, weights, self.label_smoothing, self.z_loss)
-        divisor = losses.normalizing_factor(weights, self.loss_normalizing_factor)
-        loss = jnp.sum(token_loss) / divisor
         correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32) * weights
-        metrics = {
+        return {
             "loss_sum": jnp.sum(token_loss),
             "z_loss_sum": jnp.sum(z_part),
             "correct": jnp.sum(correct),
             "weight_sum": jnp.sum(weights),
         }
-        return loss, metrics
+
+    def normalizer(self, weight_sum: Array) -> Array:
+        return losses.normalizing_factor(weight_sum, self.loss_normalizing_factor)
+
+    def loss_fn(self, params: Params, batch: Batch,
+                dropout_rng: Array | None = None) -> tuple[Array, dict[str, Array]]:
+        """Normalised training loss and the metrics' raw sums."""
+        sums = self.loss_sums(params, batch, dropout_rng)
+        return sums["loss_sum"] / self.normalizer(sums["weight_sum"]), sums
 
     def score_batch(self, params: Params, batch: Batch) -> Array:
         """Log-likelihood of each example's targets (summed over its target tokens)."""

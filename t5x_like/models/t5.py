@@ -19,6 +19,13 @@ from t5x_like.models import layers
 
 Array = jax.Array
 
+ACTIVATION_AXES = ("batch", "length", "embed")
+
+
+def _constrain(x: Array, axes: tuple[str, ...] = ACTIVATION_AXES) -> Array:
+    """Sharding hint for XLA (a no-op unless partitioning rules and a mesh are in context)."""
+    return nn.with_logical_constraint(x, axes)
+
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
@@ -124,13 +131,13 @@ class Encoder(nn.Module):
     def __call__(self, tokens: Array, mask: Array, deterministic: bool) -> Array:
         cfg = self.cfg
         dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
-        x = dropout(self.shared_embedding(tokens), deterministic=deterministic)
+        x = _constrain(dropout(self.shared_embedding(tokens), deterministic=deterministic))
         length = tokens.shape[-1]
         bias = _relpos(cfg, bidirectional=True)(length, length)
         for i in range(cfg.num_encoder_layers):
-            x = EncoderLayer(cfg, name=f"layers_{i}")(x, mask, bias, deterministic)
+            x = _constrain(EncoderLayer(cfg, name=f"layers_{i}")(x, mask, bias, deterministic))
         x = _norm(cfg, "encoder_norm")(x)
-        return dropout(x, deterministic=deterministic)
+        return _constrain(dropout(x, deterministic=deterministic))
 
 
 class Decoder(nn.Module):
@@ -143,12 +150,13 @@ class Decoder(nn.Module):
                  max_decode_length: int | None = None) -> Array:
         cfg = self.cfg
         dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
-        x = dropout(self.shared_embedding(decoder_input_tokens), deterministic=deterministic)
+        x = _constrain(dropout(self.shared_embedding(decoder_input_tokens),
+                               deterministic=deterministic))
         length = max_decode_length if decode and max_decode_length else x.shape[-2]
         bias = _relpos(cfg, bidirectional=False)(length, length)
         for i in range(cfg.num_decoder_layers):
-            x = DecoderLayer(cfg, name=f"layers_{i}")(x, encoded, self_mask, cross_mask, bias,
-                                                       deterministic, decode)
+            x = _constrain(DecoderLayer(cfg, name=f"layers_{i}")(
+                x, encoded, self_mask, cross_mask, bias, deterministic, decode))
         x = _norm(cfg, "decoder_norm")(x)
         x = dropout(x, deterministic=deterministic)
         if cfg.logits_via_embedding:
@@ -156,7 +164,7 @@ class Decoder(nn.Module):
         else:
             logits = layers.Dense((cfg.vocab_size,), ("embed",), ("vocab",), dtype=cfg.jnp_dtype,
                                   name="logits_dense")(x)
-        return logits.astype(jnp.float32)
+        return _constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
 
 
 def encoder_self_mask(tokens: Array, segment_ids: Array | None = None) -> Array:
