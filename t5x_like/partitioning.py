@@ -167,20 +167,27 @@ def derived_shardings(tree: Any, params: Any, shardings: Any, mesh: Mesh) -> Any
         for start in range(len(key)):
             if key[start:] in by_path:
                 shape, spec = by_path[key[start:]]
-                return NamedSharding(mesh, _spec_for(tuple(leaf.shape), shape, spec))
+                return NamedSharding(mesh, _spec_for(tuple(leaf.shape), shape, spec, key))
         return replicated(mesh)
 
     return jax.tree_util.tree_map_with_path(pick, tree)
 
 
-def _spec_for(leaf_shape: tuple[int, ...], param_shape: tuple[int, ...], spec: P) -> P:
+def _spec_for(leaf_shape: tuple[int, ...], param_shape: tuple[int, ...], spec: P,
+              key: tuple[str, ...]) -> P:
     full = tuple(spec) + (None,) * (len(param_shape) - len(spec))
     if leaf_shape == param_shape:
         return P(*full)
-    if len(leaf_shape) == len(param_shape) - 1:
-        for i in range(len(param_shape)):
-            if param_shape[:i] + param_shape[i + 1:] == leaf_shape:
-                return P(*(full[:i] + full[i + 1:]))
+    if len(leaf_shape) != len(param_shape) - 1:
+        return P()
+    # optax's Adafactor factors the two largest dims (d1, d0 = argsort(shape)[-2:]): v_row
+    # drops d0, v_col drops d1. Knowing which matters when the two dims are equal.
+    order = np.argsort(param_shape)
+    candidates = [int(order[-1])] if "v_row" in key else [int(order[-2])] if "v_col" in key else []
+    candidates += list(range(len(param_shape)))
+    for i in candidates:
+        if param_shape[:i] + param_shape[i + 1:] == leaf_shape:
+            return P(*(full[:i] + full[i + 1:]))
     return P()
 
 

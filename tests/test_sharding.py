@@ -1,0 +1,155 @@
+"""Sharded training on 8 simulated CPU devices equals the 1-device run (tests/conftest.py sets
+XLA_FLAGS=--xla_force_host_platform_device_count=8)."""
+
+import jax
+import numpy as np
+import pytest
+
+from t5x_like import optimizers, partitioning, trainer
+from t5x_like.config import ConfigError
+from t5x_like.models import t5
+from t5x_like.models.encoder_decoder import EncoderDecoderModel, shift_right
+
+pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
+
+# Dimensions divisible by 8 so that every layout can split heads, mlp and vocab; d_model and
+# d_ff of 128 make Adafactor factor the kernels, so its row/column moments are sharded too.
+CONFIG = t5.T5Config(vocab_size=256, emb_dim=128, num_heads=8, head_dim=4, mlp_dim=128,
+                     num_encoder_layers=1, num_decoder_layers=1, dropout_rate=0.0,
+                     logits_via_embedding=False, mlp_activations=("gelu", "linear"))
+LAYOUTS = [((8, 1), "data_parallel"), ((4, 2), "model_parallel"), ((2, 4), "model_parallel"),
+           ((1, 8), "model_parallel"), ((8, 1), "fsdp"), ((4, 2), "fsdp")]
+
+
+def _batch(seed=0, batch=8):
+    rng = np.random.default_rng(seed)
+    tgt = rng.integers(2, 256, (batch, 8)).astype(np.int32)
+    tgt[1, 5:] = 0  # some padding, so token-count normalisation matters
+    return {"encoder_input_tokens": rng.integers(2, 256, (batch, 16)).astype(np.int32),
+            "decoder_target_tokens": tgt, "decoder_input_tokens": np.asarray(shift_right(tgt)),
+            "decoder_loss_weights": (tgt > 0).astype(np.float32)}
+
+
+def _one_step(mesh_shape, layout_name, num_microbatches=1, devices=None):
+    model = EncoderDecoderModel(CONFIG)
+    lr = optimizers.inverse_sqrt_schedule(10)
+    optimizer = optimizers.t5_adafactor(lr)
+    mesh = partitioning.make_mesh(mesh_shape=mesh_shape, devices=devices)
+    layout = trainer.make_layout(model, optimizer, mesh,
+                                 partitioning.logical_axis_rules(layout_name))
+    state = trainer.init_state(model, optimizer, jax.random.key(0), layout)
+    step = trainer.make_train_step(model, optimizer, lr, layout, num_microbatches)
+    with layout.context():
+        state, metrics = step(state, partitioning.global_batch(_batch(), mesh),
+                              jax.random.key(1))
+    return state, metrics, layout
+
+
+@pytest.fixture(scope="module")
+def reference():
+    state, metrics, _ = _one_step((1, 1), "data_parallel", devices=jax.devices()[:1])
+    return jax.device_get(state), jax.device_get(metrics)
+
+
+def _assert_same(state, ref_state):
+    for got, want in zip(jax.tree_util.tree_leaves(jax.device_get(state.params)),
+                         jax.tree_util.tree_leaves(ref_state.params)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mesh_shape,layout", LAYOUTS)
+def test_one_step_equals_single_device(reference, mesh_shape, layout):
+    ref_state, ref_metrics = reference
+    state, metrics, _ = _one_step(mesh_shape, layout)
+    np.testing.assert_allclose(metrics["loss"], ref_metrics["loss"], rtol=1e-5)
+    _assert_same(state, ref_state)
+    params = state.params
+    wi = params["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]          # (embed, mlp)
+    query = params["decoder"]["layers_0"]["self_attention"]["query"]["kernel"]  # embed,heads,kv
+    logits = params["decoder"]["logits_dense"]["kernel"]                 # (embed, vocab)
+    model_split = layout != "data_parallel"  # 'model' appears in the spec (even if size 1)
+    fsdp_split = layout == "fsdp"
+    assert tuple(wi.sharding.spec) == (("data" if fsdp_split else None),
+                                       ("model" if model_split else None))
+    assert tuple(query.sharding.spec)[:2] == (("data" if fsdp_split else None),
+                                              ("model" if model_split else None))
+    assert tuple(logits.sharding.spec)[1] == ("model" if model_split else None)
+    # Each device really holds only its shard.
+    ways = (mesh_shape[1] if model_split else 1) * (mesh_shape[0] if fsdp_split else 1)
+    assert wi.addressable_shards[0].data.size == wi.size // ways
+    # Adafactor's factored moments follow the parameter they belong to: the row statistics of
+    # the (embed, mlp) kernel keep the embed axis' sharding, the column ones the mlp axis'.
+    moments = state.opt_state[0]
+    v_row = moments.v_row["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
+    v_col = moments.v_col["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
+    assert {tuple(v_row.sharding.spec), tuple(v_col.sharding.spec)} == {
+        (("data" if fsdp_split else None),), (("model" if model_split else None),)}
+
+
+@pytest.mark.parametrize("mesh_shape,layout", [((1, 1), "data_parallel"),
+                                               ((4, 2), "model_parallel"), ((2, 4), "fsdp")])
+def test_gradient_accumulation_equals_full_batch(reference, mesh_shape, layout):
+    ref_state, ref_metrics = reference
+    devices = jax.devices()[:1] if mesh_shape == (1, 1) else None
+    state, metrics, _ = _one_step(mesh_shape, layout, num_microbatches=4, devices=devices)
+    np.testing.assert_allclose(metrics["loss"], ref_metrics["loss"], rtol=1e-5)
+    _assert_same(state, ref_state)
+
+
+def test_checkpoint_restores_across_meshes(tmp_path, reference):
+    state, _, layout = _one_step((2, 4), "model_parallel")
+    saver = trainer.Checkpointer(str(tmp_path), keep=2)
+    saver.save(state, CONFIG)
+    saver.close()
+    model = EncoderDecoderModel(CONFIG)
+    optimizer = optimizers.t5_adafactor(optimizers.inverse_sqrt_schedule(10))
+    for mesh_shape, layout_name, devices in [((4, 2), "fsdp", None),
+                                             ((1, 1), "data_parallel", jax.devices()[:1])]:
+        mesh = partitioning.make_mesh(mesh_shape=mesh_shape, devices=devices)
+        target = trainer.make_layout(model, optimizer, mesh,
+                                     partitioning.logical_axis_rules(layout_name))
+        restored = trainer.Checkpointer(str(tmp_path), keep=2).restore(
+            trainer.abstract_state(model, optimizer, target))
+        assert int(restored.step) == 1
+        for got, want, sharding in zip(jax.tree_util.tree_leaves(restored),
+                                       jax.tree_util.tree_leaves(state),
+                                       jax.tree_util.tree_leaves(target.state_shardings)):
+            np.testing.assert_array_equal(jax.device_get(got), jax.device_get(want))
+            if hasattr(got, "sharding") and got.ndim:
+                assert got.sharding.is_equivalent_to(sharding, got.ndim)
+
+
+def test_mesh_that_does_not_divide_devices():
+    with pytest.raises(ConfigError, match="num_partitions=3 does not divide the 8 devices"):
+        partitioning.make_mesh(num_partitions=3)
+    with pytest.raises(ConfigError, match=r"mesh_shape=\(3, 2\) does not match the 8 devices"):
+        partitioning.make_mesh(mesh_shape=(3, 2))
+
+
+def test_logical_axis_without_rule():
+    model = EncoderDecoderModel(CONFIG)
+    rules = tuple(r for r in partitioning.LAYOUTS["model_parallel"] if r[0] != "mlp")
+    with pytest.raises(ConfigError, match=r"Logical axis 'mlp' of parameter .* has no "
+                                          r"partitioning rule"):
+        partitioning.param_shardings(model.abstract_params(), partitioning.make_mesh(), rules)
+
+
+def test_indivisible_parameter_is_named():
+    model = EncoderDecoderModel(t5.T5Config(**{**CONFIG.to_json(), "num_heads": 4}))
+    with pytest.raises(ConfigError, match=r"cannot be split 8 ways over mesh axis 'model'"):
+        partitioning.param_shardings(model.abstract_params(),
+                                     partitioning.make_mesh(mesh_shape=(1, 8)),
+                                     partitioning.LAYOUTS["model_parallel"])
+
+
+def test_parameter_table_reports_per_device_bytes():
+    model = EncoderDecoderModel(CONFIG)
+    mesh = partitioning.make_mesh(mesh_shape=(2, 4))
+    boxed = model.abstract_params()
+    shardings = partitioning.param_shardings(boxed, mesh, partitioning.LAYOUTS["fsdp"])
+    table, total = partitioning.parameter_table(boxed, shardings)
+    assert "encoder/layers_0/mlp/wi_0/kernel" in table and "('embed', 'mlp')" in table
+    # wi_0 (128 x 128 float32) split 2 x 4 ways: 65,536 / 8 = 8,192 bytes per device.
+    line = next(l for l in table.splitlines() if "encoder/layers_0/mlp/wi_0/kernel" in l)
+    assert line.split()[-1] == "8,192"
+    assert total < t5.count_params(boxed) * 4
