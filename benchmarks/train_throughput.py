@@ -5,10 +5,11 @@
 
 The default model is the standard benchmark config: T5.1.1-style (gated-GELU, untied output),
 emb_dim 256, 4+4 layers, 4 heads of 64, mlp_dim 1024, vocab 32128, dropout 0, float32.
-One step = forward, backward and an optax Adafactor update (T5's settings), jitted.
+One step = the trainer's jitted, sharded step: forward, backward and an optax Adafactor update
+(T5's settings). `--mesh_shape` / `--layout` choose the partitioning; memory is per device.
 
 MFU = (model FLOPs per step / step time) / peak FLOP/s. Model FLOPs are XLA's count for the
-compiled step (cost analysis). The peak is measured here, as the best rate of a large square
+compiled step (cost analysis; per device for a partitioned step). The peak is measured here, as the best rate of a large square
 matmul in the same dtype on the same device, so the number means "fraction of what this machine
 can do in a matmul" on CPUs too, where no datasheet peak applies.
 """
@@ -27,11 +28,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
-from t5x_like import optimizers
+from t5x_like import optimizers, partitioning, trainer
 from t5x_like.config import load_model_config
-from t5x_like.models.encoder_decoder import EncoderDecoderModel, unbox
+from t5x_like.models.encoder_decoder import EncoderDecoderModel
 from t5x_like.models.t5 import T5Config, count_params
 
 BENCHMARK_CONFIG = T5Config(
@@ -53,44 +53,49 @@ def measure_matmul_flops(dtype: str, size: int = 2048, repeats: int = 5) -> floa
     return 2 * size ** 3 / best
 
 
-def make_batch(cfg: T5Config, batch: int, inputs: int, targets: int) -> dict[str, jax.Array]:
+def make_batch(cfg: T5Config, batch: int, inputs: int, targets: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     tgt = rng.integers(2, cfg.vocab_size, (batch, targets)).astype(np.int32)
     return {
-        "encoder_input_tokens": jnp.asarray(
-            rng.integers(2, cfg.vocab_size, (batch, inputs)).astype(np.int32)),
-        "decoder_target_tokens": jnp.asarray(tgt),
-        "decoder_input_tokens": jnp.asarray(np.concatenate(
-            [np.zeros((batch, 1), np.int32), tgt[:, :-1]], axis=1)),
-        "decoder_loss_weights": jnp.ones((batch, targets), jnp.float32),
+        "encoder_input_tokens": rng.integers(2, cfg.vocab_size, (batch, inputs)).astype(np.int32),
+        "decoder_target_tokens": tgt,
+        "decoder_input_tokens": np.concatenate(
+            [np.zeros((batch, 1), np.int32), tgt[:, :-1]], axis=1),
+        "decoder_loss_weights": np.ones((batch, targets), np.float32),
     }
 
 
-def run(cfg: T5Config, batch: int, inputs: int, targets: int, steps: int) -> dict[str, Any]:
+def run(cfg: T5Config, batch: int, inputs: int, targets: int, steps: int,
+        mesh_shape: tuple[int, int] | None = None, layout_name: str = "auto") -> dict[str, Any]:
+    """Time the trainer's own sharded step (the one `t5x_like.train` runs) on the given mesh."""
     model = EncoderDecoderModel(cfg)
-    optimizer = optimizers.t5_adafactor(optimizers.inverse_sqrt_schedule())
-    params = unbox(model.init(jax.random.key(0), inputs, targets))
-    opt_state = optimizer.init(params)
-    data = make_batch(cfg, batch, inputs, targets)
-
-    def train_step(params, opt_state, data):
-        (loss, _), grads = jax.value_and_grad(model.loss_fn, has_aux=True)(params, data)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+    lr = optimizers.inverse_sqrt_schedule()
+    optimizer = optimizers.t5_adafactor(lr)
+    mesh = partitioning.make_mesh(mesh_shape=mesh_shape or (jax.device_count(), 1))
+    rules = partitioning.logical_axis_rules(layout_name, num_partitions=mesh.shape["model"])
+    partitioning.check_batch_size(batch, mesh)
+    layout = trainer.make_layout(model, optimizer, mesh, rules)
+    state = trainer.init_state(model, optimizer, jax.random.key(0), layout)
+    data = partitioning.global_batch(make_batch(cfg, batch, inputs, targets), mesh)
+    step_fn = trainer.make_train_step(model, optimizer, lr, layout)
+    rng = jax.random.key(1)
 
     t = time.perf_counter()
-    compiled = jax.jit(train_step, donate_argnums=(0, 1)).lower(params, opt_state, data).compile()
+    with layout.context():
+        compiled = step_fn.lower(state, data, rng).compile()
     compile_s = time.perf_counter() - t
 
-    params, opt_state, loss = compiled(params, opt_state, data)  # warm-up
-    loss.block_until_ready()
+    state, metrics = compiled(state, data, rng)  # warm-up
+    metrics["loss"].block_until_ready()
     times = []
     for _ in range(steps):
         t = time.perf_counter()
-        params, opt_state, loss = compiled(params, opt_state, data)
-        loss.block_until_ready()
+        state, metrics = compiled(state, data, rng)
+        metrics["loss"].block_until_ready()
         times.append(time.perf_counter() - t)
     step_s = statistics.median(times)
+    loss = metrics["loss"]
+    params = state.params
 
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
@@ -119,6 +124,8 @@ def run(cfg: T5Config, batch: int, inputs: int, targets: int, steps: int) -> dic
         "final_loss": float(loss),
         "device": str(jax.devices()[0].device_kind),
         "num_devices": jax.device_count(),
+        "mesh": dict(mesh.shape),
+        "layout": layout_name,
         "host": platform.node(),
         "jax": jax.__version__,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -143,7 +150,8 @@ def print_table(result: dict[str, Any]) -> None:
         ("XLA step memory", _fmt_bytes(result["xla_step_bytes"])),
         ("device peak memory", _fmt_bytes(result["device_peak_bytes"])),
         ("host max RSS", _fmt_bytes(result["host_max_rss_bytes"])),
-        ("device", f"{result['device']} x{result['num_devices']}"),
+        ("device", f"{result['device']} x{result['num_devices']}, mesh {result['mesh']}, "
+                   f"layout {result['layout']}"),
     ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
@@ -161,6 +169,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--gin", action="append", default=[], dest="bindings",
                         help="extra gin binding, e.g. --gin T5Config.num_encoder_layers=2")
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--mesh_shape", default=None, help="data,model (default: all on data)")
+    parser.add_argument("--layout", default="auto",
+                        help="data_parallel | model_parallel | fsdp | auto")
     parser.add_argument("--out", default="benchmarks/results/train_throughput.json")
     args = parser.parse_args(argv)
 
@@ -169,7 +180,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     else:
         cfg = BENCHMARK_CONFIG
     cfg = T5Config(**{**cfg.__dict__, "dtype": args.dtype})
-    result = run(cfg, args.batch, args.inputs, args.targets, args.steps)
+    mesh_shape = tuple(int(x) for x in args.mesh_shape.split(",")) if args.mesh_shape else None
+    result = run(cfg, args.batch, args.inputs, args.targets, args.steps, mesh_shape,
+                 args.layout)
     result["config"] = {**cfg.__dict__, "mlp_activations": list(cfg.mlp_activations)}
     print_table(result)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

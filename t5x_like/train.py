@@ -103,6 +103,10 @@ def train(
     mesh = partitioning.make_mesh()
     rules = partitioning.logical_axis_rules(num_partitions=mesh.shape["model"])
     partitioning.check_batch_size(batch_size, mesh, num_microbatches)
+    lr_fn = optimizers.inverse_sqrt_schedule(warmup_steps, learning_rate_scale)
+    optimizer = optimizers.t5_adafactor(lr_fn)
+    layout = trainer.make_layout(model, optimizer, mesh, rules)  # abstract: cheap
+    abstract = trainer.abstract_state(model, optimizer, layout)
     checkpointer = trainer.Checkpointer(model_dir, keep_checkpoints)
     start_step = checkpointer.latest_step() or 0
     if start_step:
@@ -111,6 +115,12 @@ def train(
     print(f"Operative config (saved to {model_dir}/config.gin):\n{gin.operative_config_str()}",
           flush=True)
     _write_text(os.path.join(model_dir, "config.gin"), gin.operative_config_str())
+    table, _ = partitioning.parameter_table(layout.boxed_params, layout.state_shardings.params)
+    state_bytes = partitioning.state_bytes_per_device(abstract, layout.state_shardings)
+    report = (f"{partitioning.describe_mesh(mesh)}; rules {list(rules)}\n{table}\n"
+              f"parameters + optimizer state per device: {state_bytes:,} bytes")
+    _log(report)
+    _write_text(os.path.join(model_dir, "partitioning.txt"), report + "\n")
 
     # --- data --------------------------------------------------------------------------
     train_ds = input_pipeline.get_dataset(task, feature_lengths, batch_size, "train",
@@ -118,21 +128,10 @@ def train(
                                           pack=pack)
     train_iter = input_pipeline.numpy_batches(train_ds)
 
-    # --- model, optimizer, state ----------------------------------------------------------
-    lr_fn = optimizers.inverse_sqrt_schedule(warmup_steps, learning_rate_scale)
-    optimizer = optimizers.t5_adafactor(lr_fn)
-    layout = trainer.make_layout(model, optimizer, mesh, rules)
-    table, param_bytes = partitioning.parameter_table(layout.boxed_params,
-                                                      layout.state_shardings.params)
-    state_bytes = partitioning.state_bytes_per_device(
-        trainer.abstract_state(model, optimizer, layout), layout.state_shardings)
-    report = (f"{partitioning.describe_mesh(mesh)}; rules {list(rules)}\n{table}\n"
-              f"parameters + optimizer state per device: {state_bytes:,} bytes")
-    _log(report)
-    _write_text(os.path.join(model_dir, "partitioning.txt"), report + "\n")
+    # --- model state ----------------------------------------------------------------------
     rng = jax.random.key(seed)
     if start_step:
-        state = checkpointer.restore(trainer.abstract_state(model, optimizer, layout), start_step)
+        state = checkpointer.restore(abstract, start_step)
         _log(f"Resumed from the checkpoint at step {start_step} in {checkpointer.directory}")
     else:
         state = trainer.init_state(model, optimizer, rng, layout)

@@ -12,13 +12,13 @@ def test_benchmark_reports_and_writes_json(tmp_path):
         "--gin", "T5Config.num_heads=2", "--gin", "T5Config.head_dim=16",
         "--gin", "T5Config.mlp_dim=64", "--gin", "T5Config.num_encoder_layers=1",
         "--gin", "T5Config.num_decoder_layers=1", "--gin", "T5Config.dropout_rate=0.0",
-        "--batch", "2", "--inputs", "32", "--targets", "16", "--steps", "2",
+        "--batch", "8", "--inputs", "32", "--targets", "16", "--steps", "2",
         "--out", str(out)])
     saved = json.loads(out.read_text())
     assert saved["tokens_per_s"] == result["tokens_per_s"]
-    assert abs(saved["tokens_per_s"] * saved["step_s_median"] - 2 * (32 + 16)) < 1e-6
+    assert abs(saved["tokens_per_s"] * saved["step_s_median"] - 8 * (32 + 16)) < 1e-6
     # A train step does at least 6 FLOPs per matmul weight per token (forward + backward):
-    # the logits layer alone is 6 * 32 * 256 * (2 * 16) FLOPs.
-    assert saved["flops_per_step"] >= 6 * 32 * 256 * 2 * 16
+    # the logits layer alone is 6 * 32 * 256 * (8 * 16) FLOPs, over 8 devices.
+    assert saved["flops_per_step"] * saved["num_devices"] >= 6 * 32 * 256 * 8 * 16
     assert 0 < saved["mfu"] < 1.5
     assert saved["compile_s"] > 0 and saved["peak_matmul_flops_per_s"] > 0
