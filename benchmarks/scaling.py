@@ -1,7 +1,7 @@
 """Scaling report: the standard benchmark config on 1, 2, 4 and 8 simulated CPU devices for each
 layout, plus the memory planner's numbers for large models on pod-sized meshes.
 
-    python -m benchmarks.scaling [--steps 3] [--skip_plans] [--with_11b]
+    python -m benchmarks.scaling [--steps 3] [--skip_plans] [--skip_train] [--with_11b]
 
 Each configuration runs in its own process (the device count is fixed when jax starts).
 Simulated devices share the machine's cores, so step times show the overhead of the
@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--skip_plans", action="store_true")
+    parser.add_argument("--skip_train", action="store_true")
     parser.add_argument("--with_11b", action="store_true", help="also plan T5-11B (slow)")
     parser.add_argument("--out", default="benchmarks/results/scaling.json")
     args = parser.parse_args(argv)
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     results = {"train": [], "plans": []}
     print(f"{'devices':>7} {'mesh':>6} {'layout':<15} {'step s':>8} {'tokens/s':>9} "
           f"{'MiB/device':>10}")
-    for devices, mesh, layout in RUNS:
+    for devices, mesh, layout in ([] if args.skip_train else RUNS):
         r = _run([sys.executable, "-m", "benchmarks.train_throughput", f"--steps={args.steps}",
                   f"--mesh_shape={mesh[0]},{mesh[1]}", f"--layout={layout}"], devices, "--out")
         r.update(devices=devices, mesh_shape=mesh, layout=layout)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 
@@ -18,10 +22,52 @@ def inverse_sqrt_schedule(warmup_steps: int = 10_000, scale: float = 1.0) -> opt
     return schedule
 
 
+def matrix_view(shape: tuple[int, ...]) -> tuple[int, int] | None:
+    """The most balanced 2-D view of a >2-D shape (split where min(rows, cols) is largest).
+
+    Mesh-TF T5 stores attention kernels as [d_model, heads * d_kv] matrices; ours keep heads and
+    d_kv apart for sharding, (embed, heads, kv) and (heads, kv, embed). Their balanced view is
+    exactly the Mesh-TF matrix, so Adafactor factors them as T5 did.
+    """
+    if len(shape) < 3:
+        return None
+    splits = [(int(np.prod(shape[:k])), int(np.prod(shape[k:]))) for k in range(1, len(shape))]
+    return max(splits, key=min)
+
+
+class _MatrixViewState(NamedTuple):
+    inner: optax.OptState
+
+
+def factor_as_matrices(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+    """Run `inner` on the 2-D views of >2-D parameters (see `matrix_view`), then reshape back.
+
+    optax's Adafactor factors the two largest dims of a tensor; on (768, 12, 64) that is
+    768 x 64, and 64 is below its factoring threshold, so T5's attention kernels would keep full
+    second moments. On the matrix view they are factored, as in the paper's code.
+    """
+
+    def to_matrices(tree):
+        return jax.tree_util.tree_map(
+            lambda x: x.reshape(matrix_view(x.shape)) if matrix_view(x.shape) else x, tree)
+
+    def init(params):
+        return _MatrixViewState(inner.init(to_matrices(params)))
+
+    def update(updates, state, params=None):
+        new, inner_state = inner.update(to_matrices(updates), state.inner,
+                                        None if params is None else to_matrices(params))
+        new = jax.tree_util.tree_map(lambda u, like: u.reshape(like.shape), new, updates)
+        return new, _MatrixViewState(inner_state)
+
+    return optax.GradientTransformation(init, update)
+
+
 def t5_adafactor(learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransformation:
-    """Adafactor with Mesh-TF T5's settings: factored second moments for matrices, decay 0.8,
-    update clipping at 1.0, updates scaled by each parameter's RMS, no momentum."""
-    return optax.adafactor(
+    """Adafactor with Mesh-TF T5's settings: factored second moments for matrices (attention
+    kernels viewed as the [d_model, heads * d_kv] matrices T5 had), decay 0.8, update clipping
+    at 1.0, updates scaled by each parameter's RMS, no momentum."""
+    return factor_as_matrices(optax.adafactor(
         learning_rate=learning_rate,
         min_dim_size_to_factor=128,
         decay_rate=0.8,
@@ -31,4 +77,4 @@ def t5_adafactor(learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransfo
         momentum=None,
         eps=1e-30,
         factored=True,
-    )
+    ))

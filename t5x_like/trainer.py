@@ -1,15 +1,16 @@
 """The training step, the evaluation step and the train state's checkpoints.
 
-One function each: `make_train_step` (loss, gradients, optax update, metrics), `make_eval_step`
-(metric sums), and `Checkpointer` (orbax CheckpointManager: save every N steps, keep N, resume
-from the newest complete checkpoint). Shardings are explicit on every jitted call.
+`make_layout` decides where the train state lives (mesh, rules, shardings); `make_train_step`
+(loss, gradients with optional micro-batch accumulation, optax update, metrics) and
+`make_eval_step` (metric sums) are jitted with those shardings explicitly; `Checkpointer` wraps
+orbax's CheckpointManager (async saves, keep N, restore onto any mesh).
 """
 
 from __future__ import annotations
 
-import os
 import contextlib
 import dataclasses
+import os
 from typing import Any, Callable, Iterator
 
 import flax.linen as nn
@@ -209,9 +210,6 @@ class Checkpointer:
         restored = self.manager.restore(step, args=ocp.args.Composite(
             config=ocp.args.JsonRestore()))
         return T5Config(**restored["config"])
-
-    def wait(self) -> None:
-        self.manager.wait_until_finished()
 
     def close(self) -> None:
         self.manager.wait_until_finished()

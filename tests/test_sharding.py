@@ -79,7 +79,7 @@ def test_one_step_equals_single_device(reference, mesh_shape, layout):
     assert wi.addressable_shards[0].data.size == wi.size // ways
     # Adafactor's factored moments follow the parameter they belong to: the row statistics of
     # the (embed, mlp) kernel keep the embed axis' sharding, the column ones the mlp axis'.
-    moments = state.opt_state[0]
+    moments = state.opt_state.inner[0]
     v_row = moments.v_row["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
     v_col = moments.v_col["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
     assert {tuple(v_row.sharding.spec), tuple(v_col.sharding.spec)} == {
@@ -97,26 +97,34 @@ def test_gradient_accumulation_equals_full_batch(reference, mesh_shape, layout):
 
 
 def test_checkpoint_restores_across_meshes(tmp_path, reference):
-    state, _, layout = _one_step((2, 4), "model_parallel")
-    saver = trainer.Checkpointer(str(tmp_path), keep=2)
-    saver.save(state, CONFIG)
-    saver.close()
+    """2x4 -> 4x2 (FSDP) -> 1 device -> back to 2x4, values identical at every hop."""
+    state, _, _ = _one_step((2, 4), "model_parallel")
+    expected = jax.device_get(state)
     model = EncoderDecoderModel(CONFIG)
     optimizer = optimizers.t5_adafactor(optimizers.inverse_sqrt_schedule(10))
-    for mesh_shape, layout_name, devices in [((4, 2), "fsdp", None),
-                                             ((1, 1), "data_parallel", jax.devices()[:1])]:
+    source = tmp_path / "hop0"
+    saver = trainer.Checkpointer(str(source), keep=2)
+    saver.save(state, CONFIG)
+    saver.close()
+    hops = [((4, 2), "fsdp", None), ((1, 1), "data_parallel", jax.devices()[:1]),
+            ((2, 4), "model_parallel", None)]
+    for i, (mesh_shape, layout_name, devices) in enumerate(hops, start=1):
         mesh = partitioning.make_mesh(mesh_shape=mesh_shape, devices=devices)
         target = trainer.make_layout(model, optimizer, mesh,
                                      partitioning.logical_axis_rules(layout_name))
-        restored = trainer.Checkpointer(str(tmp_path), keep=2).restore(
+        restored = trainer.Checkpointer(str(source), keep=2).restore(
             trainer.abstract_state(model, optimizer, target))
         assert int(restored.step) == 1
         for got, want, sharding in zip(jax.tree_util.tree_leaves(restored),
-                                       jax.tree_util.tree_leaves(state),
+                                       jax.tree_util.tree_leaves(expected),
                                        jax.tree_util.tree_leaves(target.state_shardings)):
-            np.testing.assert_array_equal(jax.device_get(got), jax.device_get(want))
-            if hasattr(got, "sharding") and got.ndim:
+            np.testing.assert_array_equal(jax.device_get(got), want)
+            if got.ndim:
                 assert got.sharding.is_equivalent_to(sharding, got.ndim)
+        source = tmp_path / f"hop{i}"  # save from this mesh for the next hop
+        saver = trainer.Checkpointer(str(source), keep=2)
+        saver.save(restored, CONFIG)
+        saver.close()
 
 
 def test_mesh_that_does_not_divide_devices():
