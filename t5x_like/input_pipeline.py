@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import difflib
 import os
-from typing import Iterator, Mapping
+from typing import Mapping
 
 import jax
-import numpy as np
 import seqio
 import tensorflow as tf
 
@@ -95,7 +94,3 @@ def get_dataset(task_name: str, task_feature_lengths: Mapping[str, int], batch_s
         batch_size=batch_size // process_count)
     return ds.map(lambda ex: {k: ex[k] for k in MODEL_FEATURES if k in ex},
                   num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
-
-
-def numpy_batches(ds: tf.data.Dataset) -> Iterator[dict[str, np.ndarray]]:
-    yield from ds.as_numpy_iterator()

@@ -126,7 +126,7 @@ def train(
     train_ds = input_pipeline.get_dataset(task, feature_lengths, batch_size, "train",
                                           shuffle=True, seed=seed + start_step, num_epochs=None,
                                           pack=pack)
-    train_iter = input_pipeline.numpy_batches(train_ds)
+    train_iter = train_ds.as_numpy_iterator()
 
     # --- model state ----------------------------------------------------------------------
     rng = jax.random.key(seed)

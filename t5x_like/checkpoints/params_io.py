@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import jax
 import orbax.checkpoint as ocp
 
 from t5x_like.models.t5 import T5Config
@@ -50,7 +49,3 @@ def restore_params(directory: str, abstract_params: Params,
         restored = manager.restore(step, args=ocp.args.Composite(
             params=ocp.args.StandardRestore(abstract_params)))
     return restored["params"]
-
-
-def abstract_like(params: Params) -> Params:
-    return jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, params)
