@@ -72,11 +72,12 @@ def run(cfg: T5Config, batch: int, inputs: int, targets: int, steps: int,
     lr = optimizers.inverse_sqrt_schedule()
     optimizer = optimizers.t5_adafactor(lr)
     mesh = partitioning.make_mesh(mesh_shape=mesh_shape or (jax.device_count(), 1))
-    rules = partitioning.logical_axis_rules(layout_name, num_partitions=mesh.shape["model"])
-    partitioning.check_batch_size(batch, mesh)
+    rules = partitioning.logical_axis_rules(layout_name,
+                                            num_partitions=partitioning.model_axis_size(mesh))
+    partitioning.check_batch_size(batch, mesh, rules=rules)
     layout = trainer.make_layout(model, optimizer, mesh, rules)
     state = trainer.init_state(model, optimizer, jax.random.key(0), layout)
-    data = partitioning.global_batch(make_batch(cfg, batch, inputs, targets), mesh)
+    data = partitioning.global_batch(make_batch(cfg, batch, inputs, targets), mesh, rules)
     step_fn = trainer.make_train_step(model, optimizer, lr, layout)
     rng = jax.random.key(1)
 

@@ -42,7 +42,9 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="extra binding, e.g. --gin T5Config.dtype=bfloat16")
     parser.add_argument("--num_devices", type=int, default=8)
     parser.add_argument("--mesh_shape", default=None,
-                        help="data,model (default: all devices on data)")
+                        help="one size per mesh axis, e.g. 4,8 (default: all devices on data)")
+    parser.add_argument("--mesh_axes", default="data,model",
+                        help="mesh axis names, e.g. data,fsdp,model with --layout=hybrid_fsdp")
     parser.add_argument("--layout", default="auto",
                         help="data_parallel | model_parallel | fsdp | auto")
     parser.add_argument("--batch_size", type=int, default=128)
@@ -70,11 +72,13 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
     model = EncoderDecoderModel(cfg)
     lr = optimizers.inverse_sqrt_schedule()
     optimizer = optimizers.t5_adafactor(lr)
+    axis_names = tuple(args.mesh_axes.split(","))
     mesh_shape = (tuple(int(x) for x in args.mesh_shape.split(",")) if args.mesh_shape
-                  else (args.num_devices, 1))
-    mesh = partitioning.make_mesh(mesh_shape=mesh_shape)
-    rules = partitioning.logical_axis_rules(args.layout, num_partitions=mesh.shape["model"])
-    partitioning.check_batch_size(args.batch_size, mesh, args.num_microbatches)
+                  else (args.num_devices,) + (1,) * (len(axis_names) - 1))
+    mesh = partitioning.make_mesh(mesh_shape=mesh_shape, axis_names=axis_names)
+    rules = partitioning.logical_axis_rules(args.layout,
+                                            num_partitions=partitioning.model_axis_size(mesh))
+    partitioning.check_batch_size(args.batch_size, mesh, args.num_microbatches, rules)
     layout = trainer.make_layout(model, optimizer, mesh, rules)
     state = trainer.abstract_state(model, optimizer, layout)
 

@@ -97,7 +97,8 @@ def sentinel_id(vocabulary: seqio.Vocabulary) -> int:
 
 
 def noise_span_to_unique_sentinel(tokens: tf.Tensor, noise_mask: tf.Tensor,
-                                  vocabulary: seqio.Vocabulary) -> tf.Tensor:
+                                  vocabulary: seqio.Vocabulary,
+                                  seed: tf.Tensor | None = None) -> tf.Tensor:
     """Replace each run of noise tokens by one sentinel, unique within the example."""
     prev_is_noise = tf.pad(noise_mask[:-1], [[1, 0]])
     first_noise = tf.logical_and(noise_mask, tf.logical_not(prev_is_noise))
@@ -108,7 +109,8 @@ def noise_span_to_unique_sentinel(tokens: tf.Tensor, noise_mask: tf.Tensor,
 
 
 def nonnoise_span_to_unique_sentinel(tokens: tf.Tensor, noise_mask: tf.Tensor,
-                                     vocabulary: seqio.Vocabulary) -> tf.Tensor:
+                                     vocabulary: seqio.Vocabulary,
+                                     seed: tf.Tensor | None = None) -> tf.Tensor:
     """The targets of span corruption: the dropped spans, each preceded by its sentinel."""
     return noise_span_to_unique_sentinel(tokens, tf.logical_not(noise_mask), vocabulary)
 
@@ -164,7 +166,9 @@ def split_tokens(dataset: tf.data.Dataset, max_tokens_per_segment: int,
 
 
 NoiseMaskFn = Callable[[tf.Tensor, float, tf.Tensor], tf.Tensor]
-SpanFn = Callable[[tf.Tensor, tf.Tensor, seqio.Vocabulary], tf.Tensor]
+# (tokens, noise_mask, vocabulary, seed) -> tokens; the seed serves functions that draw random
+# tokens or orders (BERT-style, deshuffling) and is ignored by the others.
+SpanFn = Callable[..., tf.Tensor]
 
 
 def denoise(dataset: tf.data.Dataset, output_features: Mapping[str, seqio.Feature],
@@ -175,12 +179,13 @@ def denoise(dataset: tf.data.Dataset, output_features: Mapping[str, seqio.Featur
     if "inputs" in output_features and output_features["inputs"].vocabulary != vocabulary:
         raise ValueError("Span corruption needs the same vocabulary for inputs and targets.")
 
-    @seqio.map_over_dataset(num_seeds=2)
+    @seqio.map_over_dataset(num_seeds=3)
     def corrupt(features, seeds):
         tokens = features["targets"]
-        noise_mask = noise_mask_fn(tf.size(tokens), noise_density, seeds)
-        inputs = inputs_fn(tokens, noise_mask, vocabulary)
-        targets = targets_fn(tokens, noise_mask, vocabulary) if targets_fn else tokens
+        noise_mask = noise_mask_fn(tf.size(tokens), noise_density, seeds[:2])
+        inputs = inputs_fn(tokens, noise_mask, vocabulary, seed=seeds[2])
+        targets = (targets_fn(tokens, noise_mask, vocabulary, seed=seeds[2]) if targets_fn
+                   else tokens)
         return {"inputs": inputs, "targets": targets}
 
     return corrupt(dataset)

@@ -101,8 +101,9 @@ def train(
     cfg = model.config
     input_pipeline.check_vocabulary(task_obj, cfg.vocab_size)
     mesh = partitioning.make_mesh()
-    rules = partitioning.logical_axis_rules(num_partitions=mesh.shape["model"])
-    partitioning.check_batch_size(batch_size, mesh, num_microbatches)
+    rules = partitioning.logical_axis_rules(num_partitions=partitioning.model_axis_size(mesh))
+    partitioning.check_rules_match_mesh(rules, mesh)
+    partitioning.check_batch_size(batch_size, mesh, num_microbatches, rules)
     lr_fn = optimizers.inverse_sqrt_schedule(warmup_steps, learning_rate_scale)
     optimizer = optimizers.t5_adafactor(lr_fn)
     layout = trainer.make_layout(model, optimizer, mesh, rules)  # abstract: cheap
@@ -150,7 +151,7 @@ def train(
     window_start = time.perf_counter()
     step = start_step
     while step < train_steps:
-        batch = partitioning.global_batch(next(train_iter), mesh)
+        batch = layout.global_batch(next(train_iter))
         with layout.context():
             state, metrics = train_step(state, batch, rng)
         step += 1
@@ -171,7 +172,7 @@ def train(
                 eval_data = load_eval_batches(task, feature_lengths, batch_size, eval_batches,
                                               pack)
             with layout.context():
-                eval_metrics = evaluate(eval_step, state.params, eval_data, mesh)
+                eval_metrics = evaluate(eval_step, state.params, eval_data, layout)
             if eval_metrics:
                 writer.write_scalars(step, {f"eval/{k}": v for k, v in eval_metrics.items()})
                 _log(f"step {step:>7}  eval loss {eval_metrics['loss']:.4f}  "
@@ -212,11 +213,11 @@ def load_eval_batches(task: str, feature_lengths: Mapping[str, int], batch_size:
 
 
 def evaluate(eval_step, params, batches: Sequence[dict[str, np.ndarray]],
-             mesh) -> dict[str, float]:
+             layout: trainer.Layout) -> dict[str, float]:
     """Per-token loss and accuracy over `batches`."""
     totals: dict[str, float] = {}
     for batch in batches:
-        sums = jax.device_get(eval_step(params, partitioning.global_batch(batch, mesh)))
+        sums = jax.device_get(eval_step(params, layout.global_batch(batch)))
         for k, v in sums.items():
             totals[k] = totals.get(k, 0.0) + float(v)
     if not totals:

@@ -17,6 +17,7 @@ import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from jax.sharding import Mesh
@@ -48,7 +49,11 @@ class Layout:
 
     @property
     def batch_sharding(self):
-        return partitioning.batch_sharding(self.mesh)
+        return partitioning.batch_sharding(self.mesh, self.rules)
+
+    def global_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        """This process's rows -> global arrays split over the layout's batch axes."""
+        return partitioning.global_batch(batch, self.mesh, self.rules)
 
     @property
     def replicated(self):

@@ -1,6 +1,7 @@
 """C4 pretraining tasks (T5 paper section 2.2) on the TFDS `c4/en` dataset.
 
-`c4_v220_span_corruption` keeps t5's name so configs carry over. T5 used c4/en 3.0.1; TFDS 4.9
+`c4_v220_span_corruption` keeps t5's name so configs carry over; every other objective of the
+paper's section 3.3 is registered next to it (`c4_v220_bert_style`, ..., see tasks/pretraining.py). T5 used c4/en 3.0.1; TFDS 4.9
 builds 3.1.0; `c4/en:3.*.*` accepts either, whichever is prepared in the TFDS data_dir.
 
 The vocabulary is T5's 32k SentencePiece model with 100 sentinels. Its default location is the
@@ -13,7 +14,7 @@ import os
 
 import seqio
 
-from tasks import span_corruption
+from tasks import pretraining
 
 C4_TFDS_NAME = "c4/en:3.*.*"
 DEFAULT_C4_SPM = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
@@ -25,8 +26,5 @@ def c4_vocabulary() -> seqio.SentencePieceVocabulary:
                                          extra_ids=NUM_SENTINELS)
 
 
-span_corruption.register(
-    "c4_v220_span_corruption",
-    source=seqio.TfdsDataSource(tfds_name=C4_TFDS_NAME),
-    vocabulary=c4_vocabulary(),
-)
+C4_TASKS = pretraining.register_objectives(
+    "c4_v220", source=seqio.TfdsDataSource(tfds_name=C4_TFDS_NAME), vocabulary=c4_vocabulary())

@@ -10,7 +10,7 @@ import seqio
 import tensorflow as tf
 
 from t5x_like import offline_corpus
-from tasks import span_corruption
+from tasks import pretraining
 
 
 class OfflineVocabulary(seqio.SentencePieceVocabulary):
@@ -33,4 +33,4 @@ def _read_split(split: str, shuffle_files: bool, seed: int | None = None) -> tf.
 
 OFFLINE_SOURCE = seqio.FunctionDataSource(_read_split, splits=("train", "validation"))
 
-span_corruption.register("offline_span_corruption", OFFLINE_SOURCE, OfflineVocabulary())
+OFFLINE_TASKS = pretraining.register_objectives("offline", OFFLINE_SOURCE, OfflineVocabulary())

@@ -7,7 +7,7 @@ import seqio
 import tasks  # noqa: F401  (registers the tasks)
 from t5x_like import input_pipeline
 from t5x_like.config import ConfigError
-from tasks import offline, span_corruption
+from tasks import offline, pretraining
 from tests.tiny_tfds import build_tiny_c4
 
 
@@ -23,7 +23,7 @@ def tfds_dir(tmp_path):
 def _c4_with_test_vocabulary(name: str) -> str:
     """The registered task with the offline vocabulary (T5's 32k model is not downloadable)."""
     task = seqio.get_mixture_or_task("c4_v220_span_corruption")
-    variant = task.replace(name=name, output_features=span_corruption.output_features(
+    variant = task.replace(name=name, output_features=pretraining.output_features(
         offline.OfflineVocabulary()))
     seqio.TaskRegistry.remove(name)
     seqio.TaskRegistry.add_provider(name, variant)

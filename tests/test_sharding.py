@@ -30,18 +30,18 @@ def _batch(seed=0, batch=8):
             "decoder_loss_weights": (tgt > 0).astype(np.float32)}
 
 
-def _one_step(mesh_shape, layout_name, num_microbatches=1, devices=None):
+def _one_step(mesh_shape, layout_name, num_microbatches=1, devices=None,
+              axis_names=partitioning.DEFAULT_AXIS_NAMES):
     model = EncoderDecoderModel(CONFIG)
     lr = optimizers.inverse_sqrt_schedule(10)
     optimizer = optimizers.t5_adafactor(lr)
-    mesh = partitioning.make_mesh(mesh_shape=mesh_shape, devices=devices)
+    mesh = partitioning.make_mesh(mesh_shape=mesh_shape, devices=devices, axis_names=axis_names)
     layout = trainer.make_layout(model, optimizer, mesh,
                                  partitioning.logical_axis_rules(layout_name))
     state = trainer.init_state(model, optimizer, jax.random.key(0), layout)
     step = trainer.make_train_step(model, optimizer, lr, layout, num_microbatches)
     with layout.context():
-        state, metrics = step(state, partitioning.global_batch(_batch(), mesh),
-                              jax.random.key(1))
+        state, metrics = step(state, layout.global_batch(_batch()), jax.random.key(1))
     return state, metrics, layout
 
 
@@ -84,6 +84,28 @@ def test_one_step_equals_single_device(reference, mesh_shape, layout):
     v_col = moments.v_col["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
     assert {tuple(v_row.sharding.spec), tuple(v_col.sharding.spec)} == {
         (("data" if fsdp_split else None),), (("model" if model_split else None),)}
+
+
+def test_three_axis_hybrid_fsdp_equals_single_device(reference):
+    """('data', 'fsdp', 'model') = 2x2x2: parameters split within an fsdp group and on model,
+    replicated across data; the batch split over data x fsdp."""
+    ref_state, ref_metrics = reference
+    state, metrics, layout = _one_step((2, 2, 2), "hybrid_fsdp",
+                                       axis_names=("data", "fsdp", "model"))
+    np.testing.assert_allclose(metrics["loss"], ref_metrics["loss"], rtol=1e-5)
+    _assert_same(state, ref_state)
+    wi = state.params["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
+    assert tuple(wi.sharding.spec) == ("fsdp", "model")
+    assert wi.addressable_shards[0].data.size == wi.size // 4
+    assert tuple(layout.batch_sharding.spec) == (("data", "fsdp"),)
+
+
+def test_gradient_accumulation_on_three_axis_mesh(reference):
+    ref_state, ref_metrics = reference
+    state, metrics, _ = _one_step((2, 2, 2), "hybrid_fsdp", num_microbatches=2,
+                                  axis_names=("data", "fsdp", "model"))
+    np.testing.assert_allclose(metrics["loss"], ref_metrics["loss"], rtol=1e-5)
+    _assert_same(state, ref_state)
 
 
 @pytest.mark.parametrize("mesh_shape,layout", [((1, 1), "data_parallel"),
@@ -132,6 +154,62 @@ def test_mesh_that_does_not_divide_devices():
         partitioning.make_mesh(num_partitions=3)
     with pytest.raises(ConfigError, match=r"mesh_shape=\(3, 2\) does not match the 8 devices"):
         partitioning.make_mesh(mesh_shape=(3, 2))
+
+
+def test_rule_naming_a_missing_mesh_axis():
+    model = EncoderDecoderModel(CONFIG)
+    with pytest.raises(ConfigError, match=r"names mesh axis 'fsdp', but the mesh has axes "
+                                          r"\('data', 'model'\)"):
+        partitioning.param_shardings(model.abstract_params(), partitioning.make_mesh(),
+                                     partitioning.LAYOUTS["hybrid_fsdp"])
+    with pytest.raises(ConfigError, match="needs an explicit make_mesh.mesh_shape"):
+        partitioning.make_mesh(axis_names=("data", "fsdp", "model"))
+    with pytest.raises(ConfigError, match="mesh_shape=\\(2, 4\\) does not match"):
+        partitioning.make_mesh(mesh_shape=(2, 4), axis_names=("data", "fsdp", "model"))
+
+
+class _FakeTpu:
+    """Just what the submesh layout reads of a TPU device: chip coordinates and core."""
+
+    def __init__(self, idx, coords, core):
+        self.id, self.coords, self.core_on_chip = idx, coords, core
+
+    def __repr__(self):
+        return f"tpu{self.coords}{self.core_on_chip}"
+
+
+def test_model_parallel_submesh_groups_neighbouring_chips():
+    """A v3-32-like slice: 4x4x1 chips x 2 cores = 32 devices, listed in a scrambled order.
+    Submesh (2, 2, 1, 2) = 8 devices per replica -> 4 replicas, each a 2x2 block of chips."""
+    rng = np.random.default_rng(0)
+    devices = [_FakeTpu(i, (x, y, 0), c) for i, (x, y, c) in
+               enumerate((x, y, c) for x in range(4) for y in range(4) for c in range(2))]
+    devices = [devices[i] for i in rng.permutation(len(devices))]
+    grid = partitioning.submesh_device_grid(devices, (2, 2, 1, 2))
+    assert grid.shape == (4, 8)
+    blocks = set()
+    for replica in grid:
+        xs = {d.coords[0] for d in replica}
+        ys = {d.coords[1] for d in replica}
+        # Two neighbouring x and two neighbouring y, both cores of each chip.
+        assert len(xs) == 2 and max(xs) - min(xs) == 1 and min(xs) % 2 == 0
+        assert len(ys) == 2 and max(ys) - min(ys) == 1 and min(ys) % 2 == 0
+        assert sorted((d.coords, d.core_on_chip) for d in replica) == sorted(
+            ((x, y, 0), c) for x in xs for y in ys for c in range(2))
+        blocks.add((min(xs), min(ys)))
+    assert blocks == {(0, 0), (0, 2), (2, 0), (2, 2)}
+    with pytest.raises(ConfigError, match=r"does not tile the slice's physical mesh "
+                                          r"\(4, 4, 1, 2\)"):
+        partitioning.submesh_device_grid(devices, (8, 1, 1, 1))
+    with pytest.raises(ConfigError, match="must be four positive sizes"):
+        partitioning.submesh_device_grid(devices, (2, 2))
+
+
+def test_model_parallel_submesh_on_cpu_sets_partitions():
+    mesh = partitioning.make_mesh(model_parallel_submesh=(1, 1, 1, 2))
+    assert dict(mesh.shape) == {"data": 4, "model": 2}
+    with pytest.raises(ConfigError, match="does not divide the 8 devices"):
+        partitioning.make_mesh(model_parallel_submesh=(3, 1, 1, 1))
 
 
 def test_logical_axis_without_rule():
