@@ -44,6 +44,14 @@ def check_data_available(task_or_mixture: seqio.Task | seqio.Mixture, split: str
     """Fail now, with instructions, if a TFDS dataset the task reads is not prepared."""
     for task in _tasks_of(task_or_mixture):
         source = task.source
+        source = getattr(source, "source", source)  # a LazySource decides now
+        if isinstance(source, seqio.FileDataSource) and split in source.splits:
+            if not source.list_shards(split):
+                raise ConfigError(
+                    f"Task {task.name!r} reads files {source._split_to_filepattern[split]!r} "
+                    f"for split {split!r}, and none exist. Check the path (c4_files.json_dir "
+                    "or text_corpus.*_files).")
+            continue
         if not isinstance(source, seqio.TfdsDataSource):
             continue
         loader = source.tfds_dataset

@@ -1,0 +1,163 @@
+"""Pretraining text from local files: downloaded C4 shards and your own corpus.
+
+Two seqio sources, both plain `FileDataSource`s (so multi-host runs split them by file):
+
+* `JsonlDataSource`: JSON lines, optionally gzipped, one document per line under `text_key`
+  (served as `text`; `url` and `timestamp` are kept). This reads the widely mirrored
+  C4 layout `c4-train.00000-of-01024.json.gz` / `c4-validation.*.json.gz` as is.
+* `TextFileDataSource`: plain text, one document per line.
+
+Which files a task reads is decided when its data is first requested, after gin has parsed
+the run's config, through `LazySource`:
+
+    c4_files.json_dir = '/data/c4/en'      # every c4_v220_* task reads these shards, not TFDS
+    text_corpus.train_files = '/data/mine/*.jsonl.gz'    # the text_corpus_* tasks
+    text_corpus.validation_files = '/data/mine/val.jsonl.gz'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable, Mapping, Sequence
+
+import gin
+import seqio
+import tensorflow as tf
+
+from t5x_like.config import ConfigError
+
+JSON_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
+
+
+def _compression(path: tf.Tensor) -> tf.Tensor:
+    return tf.where(tf.strings.regex_full_match(path, r".*\.gz"), "GZIP", "")
+
+
+def read_jsonl(path: tf.Tensor, text_key: str = "text",
+               keep_keys: Sequence[str] = ("url", "timestamp")) -> tf.data.Dataset:
+    """One file of JSON lines -> string features: the document under `text` (read from
+    `text_key`, so every source looks the same to the tasks) and `keep_keys`."""
+    keys = (text_key,) + tuple(k for k in keep_keys if k not in (text_key, "text"))
+    names = ("text",) + keys[1:]
+
+    def parse(line):
+        record = json.loads(line.numpy().decode("utf-8"))
+        if text_key not in record:
+            raise ValueError(f"A JSON line has no {text_key!r} field (fields: "
+                             f"{sorted(record)}); set the source's text_key.")
+        return [str(record.get(k, "")) for k in keys]
+
+    def to_features(line):
+        values = tf.py_function(parse, [line], [tf.string] * len(keys))
+        return {k: tf.ensure_shape(v, []) for k, v in zip(names, values)}
+
+    lines = tf.data.TextLineDataset(path, compression_type=_compression(path))
+    return lines.filter(lambda l: tf.strings.length(tf.strings.strip(l)) > 0).map(
+        to_features, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+class JsonlDataSource(seqio.FileDataSource):
+    """JSON-lines files (C4's mirrored layout or your own), one document per line."""
+
+    def __init__(self, split_to_filepattern: Mapping[str, str | Sequence[str]],
+                 text_key: str = "text", keep_keys: Sequence[str] = ("url", "timestamp")):
+        super().__init__(lambda path: read_jsonl(path, text_key, keep_keys),
+                         split_to_filepattern)
+
+
+class TextFileDataSource(seqio.FileDataSource):
+    """Plain text files, one document per line (gzipped files too)."""
+
+    def __init__(self, split_to_filepattern: Mapping[str, str | Sequence[str]]):
+        def read(path):
+            lines = tf.data.TextLineDataset(path, compression_type=_compression(path))
+            return lines.filter(lambda l: tf.strings.length(tf.strings.strip(l)) > 0).map(
+                lambda l: {"text": l})
+
+        super().__init__(read, split_to_filepattern)
+
+
+def files_source(split_to_filepattern: Mapping[str, str | Sequence[str]],
+                 text_key: str = "text") -> seqio.FileDataSource:
+    """JSONL when every pattern names .json/.jsonl(.gz) files, else plain text lines."""
+    patterns = [p for v in split_to_filepattern.values()
+                for p in ([v] if isinstance(v, str) else v)]
+    if all(p.endswith(JSON_SUFFIXES) for p in patterns):
+        return JsonlDataSource(split_to_filepattern, text_key)
+    return TextFileDataSource(split_to_filepattern)
+
+
+def check_files(source: seqio.FileDataSource, split: str, what: str) -> None:
+    """Fail before any work when a split's pattern matches no file."""
+    if not source.list_shards(split):
+        raise ConfigError(f"{what}: no files match {source._split_to_filepattern[split]!r} "
+                          f"for split {split!r}.")
+
+
+class LazySource(seqio.DataSource):
+    """A source chosen when data is first requested (after gin parsed the run's bindings).
+
+    `resolve()` returns the real source; every DataSource call is forwarded to it.
+    """
+
+    def __init__(self, resolve: Callable[[], seqio.DataSource],
+                 splits: Sequence[str] = ("train", "validation")):
+        super().__init__(splits=splits)
+        self._resolve = resolve
+
+    def __getattr__(self, name: str):
+        """Anything else (e.g. `tfds_dataset`) is the resolved source's."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.source, name)
+
+    @property
+    def source(self) -> seqio.DataSource:
+        return self._resolve()
+
+    @property
+    def supports_arbitrary_sharding(self) -> bool:
+        return self.source.supports_arbitrary_sharding
+
+    def list_shards(self, split: str) -> Sequence[str]:
+        return self.source.list_shards(split)
+
+    def num_input_examples(self, split: str) -> int | None:
+        return self.source.num_input_examples(split)
+
+    def get_dataset(self, split: str = "train", shuffle: bool = True, seed: int | None = None,
+                    shard_info: seqio.ShardInfo | None = None, **kwargs) -> tf.data.Dataset:
+        return self.source.get_dataset(split=split, shuffle=shuffle, seed=seed,
+                                       shard_info=shard_info, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"LazySource({self._resolve.__name__})"
+
+
+# ----------------------------------------------------------------------- C4 shards
+@gin.configurable("c4_files")
+def c4_json_dir(json_dir: str | None = None) -> str | None:
+    """Directory of downloaded C4 shards (`c4-train.*.json.gz`, `c4-validation.*.json.gz`);
+    None reads TFDS `c4/en`. The environment variable T5X_LIKE_C4_JSON_DIR also sets it."""
+    return json_dir or os.environ.get("T5X_LIKE_C4_JSON_DIR") or None
+
+
+def c4_json_source(json_dir: str) -> JsonlDataSource:
+    return JsonlDataSource({"train": os.path.join(json_dir, "c4-train.*.json*"),
+                            "validation": os.path.join(json_dir, "c4-validation.*.json*")})
+
+
+# ----------------------------------------------------------------------- your corpus
+@gin.configurable("text_corpus")
+def text_corpus_source(train_files: str | Sequence[str] | None = None,
+                       validation_files: str | Sequence[str] | None = None,
+                       text_key: str = "text") -> seqio.FileDataSource:
+    """Your own corpus for the `text_corpus_*` tasks: globs of .txt (one document per line) or
+    .jsonl/.json(.gz) files (`text_key` per line)."""
+    if not train_files:
+        raise ConfigError("The text_corpus_* tasks read your files: bind "
+                          "text_corpus.train_files='/path/*.jsonl.gz' (or *.txt) and "
+                          "text_corpus.validation_files=... in gin.")
+    return files_source({"train": train_files, "validation": validation_files or train_files},
+                        text_key)
