@@ -1,46 +1,84 @@
-"""Autoregressive decoding on a key/value cache.
+"""Autoregressive decoding on a key/value cache: greedy, beam search and sampling.
 
-The decoding loop only knows a `tokens_to_logits(token_ids, cache) -> (logits, cache)` function,
-so every model family with a cached decoder shares it.
+The loops only know a `tokens_to_logits(token_ids, cache) -> (logits, cache)` function, so
+every model family with a cached decoder shares them. Everything is a `jax.lax.while_loop`
+over fixed shapes, so a whole batch decodes inside one jitted call.
+
+* greedy: the T5 paper's test-time decoding.
+* beam search: width K and the length penalty ((5 + length) / 6) ** alpha of Wu et al. (2016),
+  which the paper uses for its largest models (K = 4, alpha = 0.6).
+* sampling: temperature, top-k and top-p (nucleus) filtering, in that order.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
+import gin
 import jax
 import jax.numpy as jnp
 
 Array = jax.Array
 Cache = Any
 TokensToLogits = Callable[[Array, Cache], tuple[Array, Cache]]
+NEG_INF = -1.0e7
+METHODS = ("greedy", "beam", "sample")
 
 
-def greedy_decode(tokens_to_logits: TokensToLogits, cache: Cache, batch_size: int,
-                  max_decode_length: int, start_token_id: int = 0,
-                  eos_id: int | None = 1) -> tuple[Array, Array]:
-    """Argmax decoding, one position per step, stopping when every row has emitted EOS.
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+    """How `predict_batch` decodes; bind e.g. `DecodeConfig.method = 'beam'` in gin."""
+
+    method: str = "greedy"
+    beam_size: int = 4
+    alpha: float = 0.6
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"DecodeConfig.method={self.method!r}; choose one of {METHODS}.")
+        if self.beam_size < 1 or self.top_k < 0 or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"Invalid decoding settings {self}: beam_size >= 1, top_k >= 0, "
+                             "0 < top_p <= 1.")
+        if self.method == "sample" and self.temperature < 0:
+            raise ValueError("DecodeConfig.temperature must be >= 0 (0 = greedy).")
+
+
+# ----------------------------------------------------------------------- one token per step
+ChooseFn = Callable[[Array, Array], Array]  # (log_probs (batch, vocab), rng) -> (batch,)
+
+
+def _token_by_token(tokens_to_logits: TokensToLogits, cache: Cache, batch_size: int,
+                    max_decode_length: int, choose: ChooseFn, rng: Array,
+                    start_token_id: int, eos_id: int | None) -> tuple[Array, Array]:
+    """Pick one token per row per step with `choose`, stopping when every row has emitted EOS.
 
     Returns (tokens, log_probs): tokens (batch, max_decode_length) with 0 after each row's EOS,
-    and the summed log-probability of each row's tokens up to and including its EOS.
+    and the summed model log-probability of each row's tokens up to and including its EOS.
     """
 
     def cond(state):
-        step, _, _, _, finished, _ = state
+        step, _, _, _, finished, _, _ = state
         return jnp.logical_and(step < max_decode_length, jnp.logical_not(jnp.all(finished)))
 
     def body(state):
-        step, cur, sequences, cache, finished, total = state
+        step, cur, sequences, cache, finished, total, rng = state
+        rng, step_rng = jax.random.split(rng)
         logits, cache = tokens_to_logits(cur, cache)
         log_probs = jax.nn.log_softmax(logits[:, -1].astype(jnp.float32), axis=-1)
-        nxt = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)
+        nxt = choose(log_probs, step_rng).astype(jnp.int32)
         chosen = jnp.take_along_axis(log_probs, nxt[:, None], axis=-1)[:, 0]
         total = total + jnp.where(finished, 0.0, chosen)
         nxt = jnp.where(finished, 0, nxt)
         sequences = jax.lax.dynamic_update_slice(sequences, nxt[:, None], (0, step))
         if eos_id is not None:
             finished = jnp.logical_or(finished, nxt == eos_id)
-        return step + 1, nxt[:, None], sequences, cache, finished, total
+        return step + 1, nxt[:, None], sequences, cache, finished, total, rng
 
     init = (
         jnp.array(0, jnp.int32),
@@ -49,6 +87,158 @@ def greedy_decode(tokens_to_logits: TokensToLogits, cache: Cache, batch_size: in
         cache,
         jnp.zeros((batch_size,), bool),
         jnp.zeros((batch_size,), jnp.float32),
+        rng,
     )
-    _, _, sequences, _, _, total = jax.lax.while_loop(cond, body, init)
+    _, _, sequences, _, _, total, _ = jax.lax.while_loop(cond, body, init)
     return sequences, total
+
+
+def greedy_decode(tokens_to_logits: TokensToLogits, cache: Cache, batch_size: int,
+                  max_decode_length: int, start_token_id: int = 0,
+                  eos_id: int | None = 1) -> tuple[Array, Array]:
+    """Argmax decoding; see `_token_by_token` for the outputs."""
+    return _token_by_token(tokens_to_logits, cache, batch_size, max_decode_length,
+                           lambda log_probs, _: jnp.argmax(log_probs, axis=-1),
+                           jax.random.key(0), start_token_id, eos_id)
+
+
+def filter_logits(logits: Array, top_k: int = 0, top_p: float = 1.0) -> Array:
+    """Keep the k most likely tokens (0 = all), then the smallest set whose probability
+    reaches top_p (the most likely token always stays); the rest get NEG_INF."""
+    if top_k:
+        kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
+        logits = jnp.where(logits < kth, NEG_INF, logits)
+    if top_p < 1.0:
+        sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+        probs = jax.nn.softmax(sorted_logits, axis=-1)
+        # Mass of the tokens strictly more likely than each one: keep while it is < top_p.
+        before = jnp.cumsum(probs, axis=-1) - probs
+        keep = before < top_p
+        threshold = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+        logits = jnp.where(logits < threshold, NEG_INF, logits)
+    return logits
+
+
+def sample_decode(tokens_to_logits: TokensToLogits, cache: Cache, batch_size: int,
+                  max_decode_length: int, rng: Array, temperature: float = 1.0,
+                  top_k: int = 0, top_p: float = 1.0, start_token_id: int = 0,
+                  eos_id: int | None = 1) -> tuple[Array, Array]:
+    """Ancestral sampling from softmax(filtered logits / temperature); temperature 0 is
+    greedy. Scores are the model's own (unfiltered, temperature 1) log-probabilities."""
+
+    def choose(log_probs, step_rng):
+        if temperature == 0.0:
+            return jnp.argmax(log_probs, axis=-1)
+        filtered = filter_logits(log_probs / temperature, top_k, top_p)
+        return jax.random.categorical(step_rng, filtered, axis=-1)
+
+    return _token_by_token(tokens_to_logits, cache, batch_size, max_decode_length, choose,
+                           rng, start_token_id, eos_id)
+
+
+# ----------------------------------------------------------------------- beam search
+def length_penalty(length: Array, alpha: float) -> Array:
+    """Wu et al. (2016): ((5 + length) / 6) ** alpha; alpha 0 ranks by log-probability."""
+    return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+def repeat_for_beams(tree: Any, beam_size: int) -> Any:
+    """(batch, ...) -> (batch * beam_size, ...), each row repeated beam_size times in place;
+    scalars (e.g. a cache index) are shared."""
+    return jax.tree_util.tree_map(
+        lambda x: jnp.repeat(x, beam_size, axis=0) if jnp.ndim(x) else x, tree)
+
+
+def _gather_beams(x: Array, indices: Array) -> Array:
+    """x (batch, beam, ...) -> (batch, n, ...): for each row, beams `indices` (batch, n)."""
+    return jnp.take_along_axis(x, indices.reshape(indices.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
+def _gather_cache(cache: Cache, indices: Array, batch_size: int, beam_size: int) -> Cache:
+    """The same reordering for cache leaves laid out as (batch * beam, ...)."""
+
+    def gather(x):
+        if not jnp.ndim(x):
+            return x
+        beams = x.reshape((batch_size, beam_size) + x.shape[1:])
+        return _gather_beams(beams, indices).reshape(x.shape)
+
+    return jax.tree_util.tree_map(gather, cache)
+
+
+def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, batch_size: int,
+                beam_size: int, max_decode_length: int, alpha: float = 0.6,
+                start_token_id: int = 0, eos_id: int = 1) -> tuple[Array, Array]:
+    """Beam search over a cache laid out as (batch * beam_size, ...) (`repeat_for_beams`).
+
+    Each step extends every live beam by every token and keeps the 2K best extensions: those
+    ending in EOS that rank within the top K become finished hypotheses (scored
+    log-probability / length_penalty), the K best others stay live. The search stops when no
+    live beam can still beat the worst kept finished hypothesis, or at max_decode_length.
+
+    Returns (sequences, scores): (batch, beam_size, max_decode_length) with 0 after EOS:
+    finished hypotheses best first, then (if fewer than K finished) the best live ones.
+    """
+    k = beam_size
+
+    def step_log_probs(seqs, step, cache):
+        tokens = jax.lax.dynamic_slice_in_dim(seqs, step, 1, axis=2).reshape(batch_size * k, 1)
+        logits, cache = tokens_to_logits(tokens, cache)
+        log_probs = jax.nn.log_softmax(logits[:, -1].astype(jnp.float32), axis=-1)
+        return log_probs.reshape(batch_size, k, -1), cache
+
+    def cond(state):
+        step, _, alive_lp, _, fin_scores, fin_flags, _ = state
+        best_possible = alive_lp[:, 0] / length_penalty(max_decode_length, alpha)
+        worst_finished = jnp.min(jnp.where(fin_flags, fin_scores, jnp.inf), axis=1)
+        done = jnp.all(fin_flags, axis=1) & (best_possible < worst_finished)
+        return (step < max_decode_length) & ~jnp.all(done)
+
+    def body(state):
+        step, alive_seqs, alive_lp, fin_seqs, fin_scores, fin_flags, cache = state
+        log_probs, cache = step_log_probs(alive_seqs, step, cache)
+        vocab = log_probs.shape[-1]
+        candidates = (alive_lp[:, :, None] + log_probs).reshape(batch_size, k * vocab)
+        top_lp, top_idx = jax.lax.top_k(candidates, 2 * k)
+        beam_idx, token = top_idx // vocab, (top_idx % vocab).astype(jnp.int32)
+        top_seqs = _gather_beams(alive_seqs, beam_idx)
+        top_seqs = jax.lax.dynamic_update_slice_in_dim(top_seqs, token[:, :, None], step + 1,
+                                                       axis=2)
+        is_eos = token == eos_id
+        # Live: the K best extensions that did not end.
+        live_lp = jnp.where(is_eos, NEG_INF, top_lp)
+        live_lp, keep = jax.lax.top_k(live_lp, k)
+        alive_seqs = jnp.take_along_axis(top_seqs, keep[:, :, None], axis=1)
+        cache = _gather_cache(cache, jnp.take_along_axis(beam_idx, keep, axis=1), batch_size, k)
+        # Finished: EOS extensions ranked within the top K, merged with the kept ones.
+        ends = is_eos & (jnp.arange(2 * k) < k)[None, :]
+        new_scores = jnp.where(ends, top_lp / length_penalty(step + 1, alpha), NEG_INF)
+        all_seqs = jnp.concatenate([fin_seqs, top_seqs], axis=1)
+        all_scores = jnp.concatenate([fin_scores, new_scores], axis=1)
+        all_flags = jnp.concatenate([fin_flags, ends], axis=1)
+        fin_scores, pick = jax.lax.top_k(jnp.where(all_flags, all_scores, NEG_INF - 1.0), k)
+        fin_seqs = jnp.take_along_axis(all_seqs, pick[:, :, None], axis=1)
+        fin_flags = jnp.take_along_axis(all_flags, pick, axis=1)
+        return step + 1, alive_seqs, live_lp, fin_seqs, fin_scores, fin_flags, cache
+
+    seqs0 = jnp.zeros((batch_size, k, max_decode_length + 1), jnp.int32).at[:, :, 0].set(
+        start_token_id)
+    alive_lp0 = jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (batch_size, 1))
+    init = (jnp.array(0, jnp.int32), seqs0, alive_lp0, seqs0,
+            jnp.full((batch_size, k), NEG_INF, jnp.float32), jnp.zeros((batch_size, k), bool),
+            cache)
+    _, alive_seqs, alive_lp, fin_seqs, fin_scores, fin_flags, _ = jax.lax.while_loop(
+        cond, body, init)
+    # Finished hypotheses first (best first), then live ones to fill the K slots.
+    alive_scores = alive_lp / length_penalty(max_decode_length, alpha)
+    rank = jnp.concatenate([jnp.where(fin_flags, fin_scores, 4 * NEG_INF),
+                            jnp.where(alive_lp > NEG_INF / 2, alive_scores + 2 * NEG_INF,
+                                      4 * NEG_INF)], axis=1)
+    _, order = jax.lax.top_k(rank, k)
+    seqs = _gather_beams(jnp.concatenate([fin_seqs, alive_seqs], axis=1), order)[:, :, 1:]
+    scores = jnp.take_along_axis(jnp.concatenate([fin_scores, alive_scores], axis=1), order,
+                                 axis=1)
+    # Zero everything after each sequence's first EOS.
+    is_eos = seqs == eos_id
+    after_eos = jnp.cumsum(is_eos, axis=-1) - is_eos > 0
+    return jnp.where(after_eos, 0, seqs), scores

@@ -101,13 +101,14 @@ class EncoderDecoderModel:
     # ----------------------------------------------------------------------------- decoding
     def init_cache(self, params: Params, encoder_input_tokens: Array,
                    max_decode_length: int) -> Any:
-        """Zero key/value caches sized for `max_decode_length` decoder positions."""
+        """Zero key/value caches sized for `max_decode_length` decoder positions (shapes from
+        an abstract trace: the model is not run)."""
         batch = encoder_input_tokens.shape[0]
         dummy = jnp.zeros((batch, max_decode_length), jnp.int32)
-        _, variables = self.module.apply(
-            {"params": params}, encoder_input_tokens, dummy, decode=True,
-            max_decode_length=max_decode_length, mutable=["cache"])
-        return variables["cache"]
+        _, variables = jax.eval_shape(functools.partial(
+            self.module.apply, decode=True, max_decode_length=max_decode_length,
+            mutable=["cache"]), {"params": params}, encoder_input_tokens, dummy)
+        return jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype), variables["cache"])
 
     def decode_step_fn(self, params: Params, encoded: Array, encoder_input_tokens: Array,
                        max_decode_length: int) -> decoding.TokensToLogits:
@@ -123,15 +124,40 @@ class EncoderDecoderModel:
         return tokens_to_logits
 
     def predict_batch(self, params: Params, batch: Batch, max_decode_length: int,
-                      return_scores: bool = False) -> Array | tuple[Array, Array]:
-        """Greedy decoding (the paper's test-time decoding) on the key/value cache."""
+                      return_scores: bool = False,
+                      decode: decoding.DecodeConfig | None = None,
+                      return_all_beams: bool = False,
+                      rng: Array | None = None) -> Array | tuple[Array, Array]:
+        """Decode on the key/value cache: greedy (the paper's test-time decoding, default),
+        beam search or sampling, as `decode` says. Scores: summed log-probabilities (greedy,
+        sampling) or length-penalised ones (beam). `return_all_beams` gives (batch, beam, len)
+        best first instead of the best beam. Sampling draws from `rng` (default: a key from
+        `decode.seed`; pass a fresh key per batch for varied samples)."""
+        decode = decode or decoding.DecodeConfig()
         inputs = batch["encoder_input_tokens"]
+        batch_size = inputs.shape[0]
         encoded = self.module.apply({"params": params}, inputs, method=t5.Transformer.encode)
+        ids = dict(start_token_id=self.decoder_start_token_id, eos_id=self.eos_id)
+        if decode.method == "beam":
+            k = decode.beam_size
+            inputs, encoded = decoding.repeat_for_beams((inputs, encoded), k)
+            cache = self.init_cache(params, inputs, max_decode_length)
+            step = self.decode_step_fn(params, encoded, inputs, max_decode_length)
+            beams, beam_scores = decoding.beam_search(step, cache, batch_size, k,
+                                                      max_decode_length, decode.alpha, **ids)
+            tokens, scores = ((beams, beam_scores) if return_all_beams
+                              else (beams[:, 0], beam_scores[:, 0]))
+            return (tokens, scores) if return_scores else tokens
         cache = self.init_cache(params, inputs, max_decode_length)
         step = self.decode_step_fn(params, encoded, inputs, max_decode_length)
-        tokens, scores = decoding.greedy_decode(
-            step, cache, inputs.shape[0], max_decode_length,
-            start_token_id=self.decoder_start_token_id, eos_id=self.eos_id)
+        if decode.method == "sample":
+            tokens, scores = decoding.sample_decode(
+                step, cache, batch_size, max_decode_length,
+                rng if rng is not None else jax.random.key(decode.seed),
+                decode.temperature, decode.top_k, decode.top_p, **ids)
+        else:
+            tokens, scores = decoding.greedy_decode(step, cache, batch_size, max_decode_length,
+                                                    **ids)
         return (tokens, scores) if return_scores else tokens
 
 
