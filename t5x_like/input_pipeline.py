@@ -55,22 +55,30 @@ def check_data_available(task_or_mixture: seqio.Task | seqio.Mixture, split: str
         if not isinstance(source, seqio.TfdsDataSource):
             continue
         loader = source.tfds_dataset
+        try:
+            tfds_split = loader._map_split(split)  # seqio's task split -> TFDS split mapping
+        except KeyError:
+            raise ConfigError(f"Task {task.name!r} has no split {split!r}; it has "
+                              f"{list(loader.tfds_splits or {})}.") from None
         data_dir = loader.data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets"
         try:
             builder = loader.builder
             prepared = tf.io.gfile.exists(os.path.join(builder.data_dir, "dataset_info.json"))
-            has_split = prepared and split in builder.info.splits
+            has_split = prepared and tfds_split in builder.info.splits
         except Exception:  # noqa: BLE001 - any failure here means "not usable as is"
             prepared = has_split = False
         if not prepared:
+            dataset = loader.name.split(":")[0]
+            how = (" (C4 needs Apache Beam and the Common Crawl dumps; prepare it once on a "
+                   "cluster, or read downloaded json.gz shards with c4_files.json_dir)"
+                   if dataset.startswith("c4") else "")
             raise ConfigError(
                 f"Task {task.name!r} reads TFDS dataset {loader.name!r}, which is not prepared "
-                f"in {data_dir}. Build it with `tfds build {loader.name.split(':')[0]} "
-                f"--data_dir=DIR` (C4 needs Apache Beam and the Common Crawl dumps; prepare it "
-                "once on a cluster) and pass --gin.TFDS_DATA_DIR=DIR, or train on the offline "
-                "corpus: --gin.TASK=offline_span_corruption.")
+                f"in {data_dir}. Build it with `tfds build {dataset} --data_dir=DIR`{how} and "
+                "pass --gin.TFDS_DATA_DIR=DIR, or train on the offline corpus: "
+                "--gin.TASK=offline_span_corruption.")
         if not has_split:
-            raise ConfigError(f"TFDS dataset {loader.name!r} has no split {split!r}; it has "
+            raise ConfigError(f"TFDS dataset {loader.name!r} has no split {tfds_split!r}; it has "
                              f"{sorted(builder.info.splits)}.")
 
 

@@ -122,9 +122,14 @@ def squad(targets: Sequence[Sequence[str]], predictions: Sequence[str]) -> dict[
     return {"em": 100.0 * float(np.mean(em)), "f1": 100.0 * float(np.mean(f1s))}
 
 
-def record(targets: Sequence[Sequence[str]], predictions: Sequence[str]) -> dict[str, float]:
-    """ReCoRD: SQuAD's EM/F1, max over the entity's aliases (the same definitions)."""
-    return squad(targets, predictions)
+def record(targets: Sequence[Mapping[str, Any]], predictions: Sequence[str]) -> dict[str, float]:
+    """ReCoRD: SQuAD's EM/F1, max over the gold answers, each query counted once (targets are
+    {'answers': [...], 'query': id}; a query with several answers was several examples)."""
+    seen: dict[Any, tuple[Sequence[str], str]] = {}
+    for target, prediction in zip(targets, predictions):
+        seen.setdefault(target["query"], (target["answers"], prediction))
+    answers, guesses = zip(*seen.values()) if seen else ((), ())
+    return squad(list(answers), list(guesses))
 
 
 # ----------------------------------------------------------------------- generation

@@ -37,15 +37,14 @@ def string_to_float(text: Any, example: Mapping[str, Any] | None = None,
         return default
 
 
-def grouped_class_id(text: Any, label_classes: Sequence[str], group_key: str,
+def grouped_class_id(text: Any, label_classes: Sequence[str], group_keys: Sequence[str],
                      example: Mapping[str, Any] | None = None, is_target: bool = False) -> Any:
-    """MultiRC: a target also carries the id of its question, for per-question exact match."""
+    """MultiRC: a target also carries the id of its question (the values of `group_keys`),
+    for per-question exact match."""
     value = string_label_to_class_id(text, label_classes)
     if not is_target:
         return value
-    group = example[group_key]
-    return {"value": value, "group": tuple(group.tolist()) if hasattr(group, "tolist")
-            else group}
+    return {"value": value, "group": tuple(int(example[k]) for k in group_keys)}
 
 
 def answers_from_example(text: Any, answers_key: str = "answers",
@@ -62,3 +61,39 @@ def decode_text(text: Any, example: Mapping[str, Any] | None = None,
                 is_target: bool = False) -> str:
     del example, is_target
     return _text(text)
+
+
+# Words that do not change which noun phrase a WSC prediction names (t5's list).
+_DETERMINERS = frozenset({"a", "an", "few", "her", "his", "each", "every", "many", "much", "my",
+                          "our", "some", "that", "the", "their", "these", "this", "those",
+                          "which", "whose", "your"})
+
+
+def _without_determiners(text: str) -> str:
+    return " ".join(w for w in text.strip().lower().split() if w not in _DETERMINERS)
+
+
+def wsc_simple(text: Any, example: Mapping[str, Any] | None = None,
+               is_target: bool = False) -> int:
+    """WSC/DPR in the referent format: the target is the example's True/False label; a
+    prediction counts as 'the candidate is the referent' (1) when its words, determiners
+    aside, contain the candidate's or are contained in them (and both or neither are
+    possessive)."""
+    if is_target:
+        return int(example["label"])
+    prediction = _without_determiners(_text(text))
+    referent = _without_determiners(_text(example["targets_pretokenized"]))
+    if ("'" in prediction) != ("'" in referent):
+        return 0
+    said, meant = set(prediction.split()), set(referent.split())
+    return int(bool(said) and (said <= meant or meant <= said))
+
+
+def record_answers(text: Any, example: Mapping[str, Any] | None = None,
+                   is_target: bool = False) -> Any:
+    """ReCoRD: a target is every gold answer plus the query's id, so the metric scores each
+    query once although training made one example per answer."""
+    if not is_target:
+        return _text(text)
+    return {"answers": [_text(a) for a in example["answers"]],
+            "query": (int(example["idx_passage"]), int(example["idx_query"]))}

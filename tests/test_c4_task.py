@@ -7,8 +7,7 @@ import seqio
 import tasks  # noqa: F401  (registers the tasks)
 from t5x_like import input_pipeline
 from t5x_like.config import ConfigError
-from tasks import offline, pretraining
-from tests.tiny_tfds import build_tiny_c4
+from tests.tiny_tfds import build_tiny_c4, with_offline_vocabulary
 
 
 @pytest.fixture()
@@ -20,22 +19,13 @@ def tfds_dir(tmp_path):
     yield tmp_path
 
 
-def _c4_with_test_vocabulary(name: str) -> str:
-    """The registered task with the offline vocabulary (T5's 32k model is not downloadable)."""
-    task = seqio.get_mixture_or_task("c4_v220_span_corruption")
-    variant = task.replace(name=name, output_features=pretraining.output_features(
-        offline.OfflineVocabulary()))
-    seqio.TaskRegistry.remove(name)
-    seqio.TaskRegistry.add_provider(name, variant)
-    return name
-
-
 @pytest.mark.parametrize("version", ["3.1.0", "3.0.1"])
 def test_c4_task_yields_packed_batches(tfds_dir, version):
     build_tiny_c4(str(tfds_dir), version)
     task = seqio.get_mixture_or_task("c4_v220_span_corruption")
     input_pipeline.check_data_available(task, "train")  # no error: the data is there
-    name = _c4_with_test_vocabulary(f"c4_test_{version.replace('.', '_')}")
+    name = f"c4_test_{version.replace('.', '_')}"
+    with_offline_vocabulary("c4_v220_span_corruption", name)
     ds = seqio.get_dataset(name, {"inputs": 512, "targets": 114},
                            seqio.EncDecFeatureConverter(pack=True), dataset_split="train",
                            shuffle=False, seed=0, batch_size=2)

@@ -2,7 +2,6 @@
 its key/value cache checked against teacher-forced scoring."""
 
 import itertools
-import math
 
 import jax
 import jax.numpy as jnp

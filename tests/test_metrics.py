@@ -101,9 +101,11 @@ def test_postprocessors():
     assert postprocessors.string_label_to_class_id("entailment entailment", labels) == -1
     assert postprocessors.string_to_float(b"3.8") == 3.8
     assert postprocessors.string_to_float("three") == -1.0
-    example = {"idx/question": np.array([3]), "answers": [b"Denver", b"the Broncos"]}
-    assert postprocessors.grouped_class_id("True", ("False", "True"), "idx/question",
+    example = {"idx_paragraph": np.int32(2), "idx_question": np.int32(3),
+               "answers": [b"Denver", b"the Broncos"]}
+    assert postprocessors.grouped_class_id("True", ("False", "True"),
+                                           ("idx_paragraph", "idx_question"),
                                            example=example, is_target=True) == {
-        "value": 1, "group": (3,)}
+        "value": 1, "group": (2, 3)}
     assert postprocessors.answers_from_example(b"x", example=example, is_target=True) == [
         "Denver", "the Broncos"]

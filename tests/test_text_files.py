@@ -11,7 +11,8 @@ import seqio
 import tasks  # noqa: F401  (registers the tasks)
 from t5x_like import input_pipeline
 from t5x_like.config import ConfigError
-from tasks import offline, pretraining, text_files
+from tasks import offline, text_files
+from tests.tiny_tfds import with_offline_vocabulary
 
 PROSE = ["The river carried the boats down to the sea every morning in spring.",
          "Merchants sold bread and fish along the quay while children played.",
@@ -30,15 +31,6 @@ def _write_c4_shards(directory):
                                         "url": f"https://example.org/{split}/{i}/{j}"}) + "\n")
 
 
-def _with_offline_vocabulary(task_name, name):
-    """The registered task with the offline vocabulary (T5's 32k model is not downloadable)."""
-    variant = seqio.get_mixture_or_task(task_name).replace(
-        name=name, output_features=pretraining.output_features(offline.OfflineVocabulary()))
-    seqio.TaskRegistry.remove(name)
-    seqio.TaskRegistry.add_provider(name, variant)
-    return variant
-
-
 def test_c4_tasks_read_downloaded_shards_when_bound(tmp_path):
     _write_c4_shards(tmp_path / "c4" / "en")
     gin.bind_parameter("c4_files.json_dir", str(tmp_path / "c4" / "en"))
@@ -51,7 +43,7 @@ def test_c4_tasks_read_downloaded_shards_when_bound(tmp_path):
     assert records[0]["timestamp"] == b"2019-04-25T12:57:54Z"
     assert len(task.source.list_shards("train")) == 2
     # The whole objective pipeline runs on them.
-    variant = _with_offline_vocabulary("c4_v220_prefix_lm", "c4_files_test_prefix_lm")
+    variant = with_offline_vocabulary("c4_v220_prefix_lm", "c4_files_test_prefix_lm")
     examples = list(variant.get_dataset({"inputs": 32, "targets": 32}, split="train",
                                         shuffle=False, seed=0).as_numpy_iterator())
     vocab = offline.OfflineVocabulary()
@@ -92,7 +84,7 @@ def test_text_corpus_with_any_objective(tmp_path, kind):
     raw = [r["text"].decode() for r in
            task.source.get_dataset("train", shuffle=False).as_numpy_iterator()]
     assert raw == PROSE  # blank lines skipped, one document per line / JSON record
-    variant = _with_offline_vocabulary("text_corpus_deshuffling", f"text_corpus_test_{kind}")
+    variant = with_offline_vocabulary("text_corpus_deshuffling", f"text_corpus_test_{kind}")
     example = next(variant.get_dataset({"inputs": 64, "targets": 64}, split="train",
                                        shuffle=False, seed=0).as_numpy_iterator())
     # Deshuffling: the inputs are the targets' tokens in another order.

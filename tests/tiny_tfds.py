@@ -43,3 +43,38 @@ def build_tiny_c4(data_dir: str, version: str = "3.1.0", num_train: int = 24,
     builder = TinyC4(data_dir=data_dir)
     builder.download_and_prepare()
     return builder.data_dir
+
+
+def build_tiny(name: str, examples: dict[str, list[dict]], data_dir: str,
+               version: str | None = None) -> str:
+    """Prepare the registered TFDS dataset `name` ('glue/cola', 'squad/v1.1', ...) in
+    `data_dir` from the given examples per split: the real builder class (its features,
+    config and version, or `version` if given) with only its download step replaced."""
+    builder_name, _, config = name.partition("/")
+    base = tfds.builder_cls(builder_name)
+    attributes = {
+        "name": base.name,  # not derived from the subclass' name
+        "_split_generators": lambda self, dl_manager: {
+            split: ((i, ex) for i, ex in enumerate(rows)) for split, rows in examples.items()},
+    }
+    if version is not None:
+        attributes["VERSION"] = tfds.core.Version(version)
+        attributes["SUPPORTED_VERSIONS"] = []
+        attributes["RELEASE_NOTES"] = {version: "tiny test build"}
+    tiny = type(f"Tiny{base.__name__}", (base,), attributes, skip_registration=True)
+    builder = tiny(config=config or None, data_dir=data_dir)
+    builder.download_and_prepare()
+    return builder.data_dir
+
+
+def with_offline_vocabulary(task_name: str, new_name: str):
+    """The registered task with the offline vocabulary (T5's 32k model is not downloadable)."""
+    import seqio
+
+    from tasks import offline, pretraining
+
+    variant = seqio.get_mixture_or_task(task_name).replace(
+        name=new_name, output_features=pretraining.output_features(offline.OfflineVocabulary()))
+    seqio.TaskRegistry.remove(new_name)
+    seqio.TaskRegistry.add_provider(new_name, variant)
+    return variant
