@@ -1,0 +1,84 @@
+"""Mixtures sample tasks in the proportions of the paper's three mixing strategies."""
+
+import collections
+
+import numpy as np
+import pytest
+import seqio
+import tensorflow as tf
+
+import tasks  # noqa: F401  (registers the tasks)
+from tasks import mixtures
+from tests.word_vocab import WordVocabulary
+
+SIZES = {"small": 100, "medium": 1000, "large": 10000}
+VOCAB = WordVocabulary(list(SIZES))
+
+
+def _task(name, size):
+    def dataset_fn(split, shuffle_files, seed=None):
+        del split, shuffle_files, seed
+        return tf.data.Dataset.from_tensors({"inputs": name, "targets": name}).repeat(size)
+
+    features = {k: seqio.Feature(VOCAB, add_eos=False) for k in ("inputs", "targets")}
+    seqio.TaskRegistry.remove(f"mix_test_{name}")
+    return seqio.TaskRegistry.add(
+        f"mix_test_{name}",
+        source=seqio.FunctionDataSource(dataset_fn, splits=("train",),
+                                        num_input_examples={"train": size}),
+        preprocessors=[seqio.preprocessors.tokenize], output_features=features)
+
+
+def _sample(rate, n=6000):
+    for name, size in SIZES.items():
+        _task(name, size)
+    seqio.MixtureRegistry.remove("mix_test")
+    mixture = seqio.MixtureRegistry.add("mix_test", [f"mix_test_{n}" for n in SIZES],
+                                        default_rate=rate)
+    ds = mixture.get_dataset({"inputs": 4, "targets": 4}, split="train", shuffle=False, seed=0)
+    counts = collections.Counter(VOCAB.decode(ex["inputs"].tolist())
+                                 for ex in ds.take(n).as_numpy_iterator())
+    return {name: counts[name] / n for name in SIZES}, mixture
+
+
+def _expected(rates):
+    total = sum(rates.values())
+    return {k: v / total for k, v in rates.items()}
+
+
+def test_examples_proportional_with_limit():
+    got, mixture = _sample(mixtures.examples_proportional(maximum=2000))
+    rates = {"small": 100, "medium": 1000, "large": 2000}  # min(examples, K)
+    assert mixture.get_rate(seqio.get_mixture_or_task("mix_test_large")) == 2000
+    for name, want in _expected(rates).items():
+        assert got[name] == pytest.approx(want, abs=0.02), name
+
+
+def test_temperature_scaled():
+    got, _ = _sample(mixtures.temperature_scaled(2.0, maximum=2000))
+    rates = {"small": 100 ** 0.5, "medium": 1000 ** 0.5, "large": 2000 ** 0.5}
+    for name, want in _expected(rates).items():
+        assert got[name] == pytest.approx(want, abs=0.02), name
+
+
+def test_equal_mixing():
+    got, _ = _sample(mixtures.equal)
+    for name in SIZES:
+        assert got[name] == pytest.approx(1 / 3, abs=0.02), name
+
+
+def test_registered_mixtures_hold_the_papers_tasks():
+    glue_mix = seqio.get_mixture_or_task("glue_v002_proportional")
+    names = {t.name for t in glue_mix.tasks}
+    assert names == {f"glue_{b}_v002" for b in
+                     ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte")}
+    assert "glue_wnli_v002" not in names  # never trained on
+    sg = {t.name for t in seqio.get_mixture_or_task("super_glue_v102_proportional").tasks}
+    assert "super_glue_wsc_v102_simple_train" in sg and "dpr_v001_simple" in sg
+    assert "super_glue_wsc_v102_simple_eval" not in sg
+    for k in mixtures.LIMITS:
+        tasks_k = {t.name for t in seqio.get_mixture_or_task(f"all_mix_proportional_k{k}").tasks}
+        assert "c4_v220_span_corruption" in tasks_k and "wmt16_enro_v003" in tasks_k
+        assert len(tasks_k) == 1 + 8 + 9 + 5
+    assert np.isclose(seqio.get_mixture_or_task("all_mix_equal").get_rate(
+        seqio.get_mixture_or_task("squad_v010_allanswers")), 1.0)
