@@ -78,3 +78,19 @@ def t5_adafactor(learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransfo
         eps=1e-30,
         factored=True,
     ))
+
+
+SCHEDULES = ("inverse_sqrt", "constant")
+
+
+def learning_rate_schedule(name: str = "inverse_sqrt", warmup_steps: int = 10_000,
+                           scale: float = 1.0, constant: float = 0.001) -> optax.Schedule:
+    """The paper's two schedules: pretraining's 1/sqrt(max(step, k)) and fine-tuning's constant
+    0.001 (section 3.1.2)."""
+    if name == "inverse_sqrt":
+        return inverse_sqrt_schedule(warmup_steps, scale)
+    if name == "constant":
+        return optax.constant_schedule(constant)
+    from t5x_like.config import ConfigError
+
+    raise ConfigError(f"train.learning_rate_schedule={name!r}; choose one of {SCHEDULES}.")

@@ -11,7 +11,7 @@ from the newest checkpoint in MODEL_DIR.
 
 from __future__ import annotations
 
-import argparse
+import json
 import os
 import sys
 import time
@@ -25,7 +25,9 @@ from clu import metric_writers
 from tqdm import tqdm
 
 from t5x_like import config as config_lib
-from t5x_like import distributed, input_pipeline, optimizers, partitioning, trainer
+from t5x_like import (cli, decoding, evaluation, input_pipeline, optimizers, partitioning,
+                      trainer)
+from t5x_like.checkpoints import params_io
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
 from t5x_like.models.t5 import T5Config
 
@@ -82,12 +84,23 @@ def train(
     tfds_data_dir: str | None = None,
     num_microbatches: int = 1,
     num_predictions: int = 4,
+    init_checkpoint: str | None = None,
+    learning_rate_schedule: str = "inverse_sqrt",
+    constant_learning_rate: float = 0.001,
+    metrics_eval_every: int = 0,
+    metrics_eval_examples: int | None = None,
+    metrics_eval_batch_size: int = 32,
 ) -> trainer.TrainState:
-    """Pretrain (or continue pretraining) and return the final train state.
+    """Pretrain or fine-tune, and return the final train state.
 
     The defaults are the T5 paper's baseline (2^19 steps of 128 x 512 packed tokens, AdaFactor,
-    1/sqrt(max(step, 10^4))). Exact data-order resume comes later: a resumed run reseeds the
-    data pipeline with the step, so it sees fresh examples rather than the killed run's next ones.
+    1/sqrt(max(step, 10^4))). Fine-tuning (gin_configs/runs/finetune.gin) starts from
+    `init_checkpoint`'s parameters with a fresh optimizer and `learning_rate_schedule=
+    'constant'` at 0.001, and every `metrics_eval_every` steps decodes each task's validation
+    examples, scores them with the task's metrics (TensorBoard `eval/<task>/<metric>`) and keeps
+    the best parameters per task in MODEL_DIR/best/<task>. Exact data-order resume comes later:
+    a resumed run reseeds the data pipeline with the step, so it sees fresh examples rather than
+    the killed run's next ones.
     """
     feature_lengths = dict(task_feature_lengths)
 
@@ -104,7 +117,8 @@ def train(
     rules = partitioning.logical_axis_rules(num_partitions=partitioning.model_axis_size(mesh))
     partitioning.check_rules_match_mesh(rules, mesh)
     partitioning.check_batch_size(batch_size, mesh, num_microbatches, rules)
-    lr_fn = optimizers.inverse_sqrt_schedule(warmup_steps, learning_rate_scale)
+    lr_fn = optimizers.learning_rate_schedule(learning_rate_schedule, warmup_steps,
+                                              learning_rate_scale, constant_learning_rate)
     optimizer = optimizers.t5_adafactor(lr_fn)
     layout = trainer.make_layout(model, optimizer, mesh, rules)  # abstract: cheap
     abstract = trainer.abstract_state(model, optimizer, layout)
@@ -112,6 +126,11 @@ def train(
     start_step = checkpointer.latest_step() or 0
     if start_step:
         _check_resume_config(checkpointer, cfg)
+    elif init_checkpoint:
+        params_io.check_compatible(
+            params_io.restore_config(params_io.checkpoint_directory(init_checkpoint)), cfg,
+            init_checkpoint)
+    eval_tasks = (evaluation.evaluable_tasks(task) if metrics_eval_every else [])
 
     print(f"Operative config (saved to {model_dir}/config.gin):\n{gin.operative_config_str()}",
           flush=True)
@@ -134,6 +153,10 @@ def train(
     if start_step:
         state = checkpointer.restore(abstract, start_step)
         _log(f"Resumed from the checkpoint at step {start_step} in {checkpointer.directory}")
+    elif init_checkpoint:
+        params = params_io.load_pretrained(init_checkpoint, cfg, abstract.params)
+        state = trainer.state_from_params(params, optimizer, layout)
+        _log(f"Fine-tuning from the parameters in {init_checkpoint}")
     else:
         state = trainer.init_state(model, optimizer, rng, layout)
     train_step = trainer.make_train_step(model, optimizer, lr_fn, layout, num_microbatches)
@@ -142,6 +165,7 @@ def train(
     writer = metric_writers.create_default_writer(
         os.path.join(model_dir, "tensorboard"), just_logging=jax.process_index() > 0)
     tokens_per_batch = batch_size * sum(feature_lengths.values())
+    best = BestCheckpoints(os.path.join(model_dir, "best"))
 
     # --- loop ----------------------------------------------------------------------------
     bar = tqdm(total=train_steps, initial=start_step, desc="train", dynamic_ncols=True,
@@ -177,6 +201,14 @@ def train(
                 writer.write_scalars(step, {f"eval/{k}": v for k, v in eval_metrics.items()})
                 _log(f"step {step:>7}  eval loss {eval_metrics['loss']:.4f}  "
                      f"eval accuracy {eval_metrics['accuracy']:.3f}")
+        if eval_tasks and (step % metrics_eval_every == 0 or step == train_steps):
+            task_metrics = _evaluate_tasks(model, state.params, eval_tasks, feature_lengths,
+                                           metrics_eval_batch_size, metrics_eval_examples)
+            for name, values in task_metrics.items():
+                writer.write_scalars(step, {f"eval/{name}/{k}": v for k, v in values.items()})
+                _log(f"step {step:>7}  {name}: " + ", ".join(f"{k} {v:.2f}"
+                                                            for k, v in values.items()))
+            best.update(step, state.params, cfg, task_metrics)
         if step % checkpoint_every == 0 or step == train_steps:
             checkpointer.save(state, cfg)
             _log(f"step {step:>7}  checkpoint saved")
@@ -188,6 +220,49 @@ def train(
         show_predictions(model, jax.device_get(state.params), task, feature_lengths,
                          num_predictions)
     return state
+
+
+def _evaluate_tasks(model: EncoderDecoderModel, params, task_names: Sequence[str],
+                    feature_lengths: Mapping[str, int], batch_size: int,
+                    max_examples: int | None) -> dict[str, dict[str, float]]:
+    """Decode (DecodeConfig from gin; greedy by default) and score each task's validation set."""
+    predict_fn = evaluation.make_predict_fn(model, feature_lengths["targets"],
+                                            decoding.DecodeConfig())
+    params = jax.device_get(params)
+    return {name: evaluation.evaluate_task(predict_fn, params, name, "validation",
+                                           feature_lengths, batch_size, max_examples)[0]
+            for name in task_names}
+
+
+class BestCheckpoints:
+    """The best parameters per task (by the first metric the task reports, higher is better),
+    as the paper reports the best validation checkpoint of each task."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.best: dict[str, dict] = {}
+        record = os.path.join(directory, "best.json")
+        if os.path.exists(record):
+            with open(record) as f:
+                self.best = json.load(f)
+
+    def update(self, step: int, params, cfg: T5Config,
+               task_metrics: Mapping[str, Mapping[str, float]]) -> None:
+        changed = False
+        for name, values in task_metrics.items():
+            if not values:
+                continue
+            key, value = next(iter(values.items()))
+            if name in self.best and self.best[name]["value"] >= value:
+                continue
+            # One step kept per task: orbax drops the previous best once the new one is written.
+            params_io.save_params(os.path.join(self.directory, name), params, cfg, step, keep=1)
+            self.best[name] = {"step": step, "metric": key, "value": value,
+                               "metrics": dict(values)}
+            changed = True
+        if changed and jax.process_index() == 0:
+            with open(os.path.join(self.directory, "best.json"), "w") as f:
+                json.dump(self.best, f, indent=2)
 
 
 def _log(message: str) -> None:
@@ -261,46 +336,8 @@ def _shorten(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + " ..."
 
 
-# ------------------------------------------------------------------------------ CLI
-def parse_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(gin files, gin bindings) from --gin_file=F and --gin.KEY=VALUE arguments."""
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog="Bindings: --gin.KEY=VALUE, e.g. --gin.MODEL_DIR=/tmp/run "
-               "--gin.T5Config.dropout_rate=0.0 --gin.train.batch_size=64")
-    parser.add_argument("--gin_file", action="append", default=[],
-                        help="gin file; repeat for several (later ones override)")
-    args, rest = parser.parse_known_args(argv)
-    bindings = []
-    for arg in rest:
-        if arg.startswith("--gin.") and "=" in arg:
-            bindings.append(arg[len("--gin."):])
-        else:
-            parser.error(f"unrecognised argument {arg!r}; gin bindings are --gin.KEY=VALUE")
-    return args.gin_file, bindings
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    files, bindings = parse_args(sys.argv[1:] if argv is None else argv)
-    for path in files:
-        if not os.path.exists(path):
-            print(f"error: gin file {path} does not exist (paths are relative to "
-                  f"{os.getcwd()}).", file=sys.stderr)
-            return 2
-    try:
-        config_lib.parse_gin(files, bindings)
-        distributed.initialize()
-    except (ValueError, SyntaxError) as e:
-        print(f"error: bad gin configuration: {e}\nCheck the binding's spelling against the "
-              "configurables in gin_configs/ (e.g. train.batch_size, T5Config.emb_dim).",
-              file=sys.stderr)
-        return 2
-    try:
-        train()
-    except config_lib.ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return cli.run(train, argv, __doc__.split("\n\n")[0])
 
 
 if __name__ == "__main__":

@@ -101,6 +101,17 @@ def init_state(model: EncoderDecoderModel, optimizer: optax.GradientTransformati
         return jax.jit(init, out_shardings=layout.state_shardings)(rng)
 
 
+def state_from_params(params: Any, optimizer: optax.GradientTransformation,
+                      layout: Layout) -> TrainState:
+    """Step 0 with given (e.g. pretrained) parameters and a fresh optimizer state, sharded."""
+
+    def init(params):
+        return TrainState(jnp.array(0, jnp.int32), params, optimizer.init(params))
+
+    with layout.context():
+        return jax.jit(init, out_shardings=layout.state_shardings)(params)
+
+
 def _split_microbatches(batch: Batch, num_microbatches: int) -> Batch:
     """(B, ...) -> (k, B/k, ...) taking every k-th row, so each micro-batch draws rows from
     every data shard alike."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import seqio
 import tensorflow as tf
 
-from t5x_like import offline_corpus
+from t5x_like import metrics, offline_corpus, postprocessors
 from tasks import pretraining
 
 
@@ -34,3 +34,24 @@ def _read_split(split: str, shuffle_files: bool, seed: int | None = None) -> tf.
 OFFLINE_SOURCE = seqio.FunctionDataSource(_read_split, splits=("train", "validation"))
 
 OFFLINE_TASKS = pretraining.register_objectives("offline", OFFLINE_SOURCE, OfflineVocabulary())
+
+
+@seqio.map_over_dataset
+def _first_word(x):
+    words = tf.strings.split(tf.strings.strip(x["text"]))
+    return {"inputs": tf.strings.join(["first word:", x["text"]], separator=" "),
+            "targets": words[0]}
+
+
+# A small supervised text-to-text task on the same prose, for fine-tuning, evaluation and
+# inference runs that need no download: "first word: <sentence>" -> its first word.
+seqio.TaskRegistry.add(
+    "offline_first_word",
+    source=OFFLINE_SOURCE,
+    preprocessors=[lambda ds: ds.filter(lambda x: tf.strings.length(tf.strings.strip(
+                       x["text"])) > 0),
+                   _first_word, seqio.preprocessors.tokenize, seqio.CacheDatasetPlaceholder(),
+                   seqio.preprocessors.append_eos_after_trim],
+    output_features=pretraining.output_features(OfflineVocabulary()),
+    postprocess_fn=postprocessors.decode_text,
+    metric_fns=[metrics.accuracy])

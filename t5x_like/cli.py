@@ -1,0 +1,54 @@
+"""The command line shared by train, eval and infer: gin files, `--gin.KEY=VALUE` bindings,
+and errors a researcher can act on (exit code 2) instead of tracebacks."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, Callable, Sequence
+
+from t5x_like import config as config_lib
+from t5x_like import distributed
+
+
+def parse_args(argv: Sequence[str], description: str) -> tuple[list[str], list[str]]:
+    """(gin files, gin bindings) from --gin_file=F and --gin.KEY=VALUE arguments."""
+    parser = argparse.ArgumentParser(
+        description=description,
+        epilog="Bindings: --gin.KEY=VALUE, e.g. --gin.MODEL_DIR=/tmp/run "
+               "--gin.T5Config.dropout_rate=0.0 --gin.train.batch_size=64")
+    parser.add_argument("--gin_file", action="append", default=[],
+                        help="gin file; repeat for several (later ones override)")
+    args, rest = parser.parse_known_args(argv)
+    bindings = []
+    for arg in rest:
+        if arg.startswith("--gin.") and "=" in arg:
+            bindings.append(arg[len("--gin."):])
+        else:
+            parser.error(f"unrecognised argument {arg!r}; gin bindings are --gin.KEY=VALUE")
+    return args.gin_file, bindings
+
+
+def run(entry: Callable[[], Any], argv: Sequence[str] | None, description: str) -> int:
+    """Parse gin, start multi-process jax if configured, run `entry()`."""
+    files, bindings = parse_args(sys.argv[1:] if argv is None else argv, description)
+    for path in files:
+        if not os.path.exists(path):
+            print(f"error: gin file {path} does not exist (paths are relative to "
+                  f"{os.getcwd()}).", file=sys.stderr)
+            return 2
+    try:
+        config_lib.parse_gin(files, bindings)
+        distributed.initialize()
+    except (ValueError, SyntaxError) as e:
+        print(f"error: bad gin configuration: {e}\nCheck the binding's spelling against the "
+              "configurables in gin_configs/ (e.g. train.batch_size, T5Config.emb_dim).",
+              file=sys.stderr)
+        return 2
+    try:
+        entry()
+    except config_lib.ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,92 @@
+"""Evaluate a checkpoint on tasks with their own metrics, writing predictions as JSON lines.
+
+    python -m t5x_like.eval --gin_file=gin_configs/models/t5_1_0/base.gin \\
+        --gin_file=gin_configs/runs/eval.gin --gin.CHECKPOINT=/runs/glue \\
+        --gin.EVAL_TASK=glue_v002_proportional
+
+A mixture evaluates every task in it that has metrics and the split. Output (default
+CHECKPOINT/eval): `<task>_<split>.jsonl` (inputs, prediction, score, target per example) and
+`metrics.json`. Decoding follows `DecodeConfig` (greedy unless bound otherwise, e.g.
+`--gin.DecodeConfig.method=beam --gin.DecodeConfig.beam_size=4 --gin.DecodeConfig.alpha=0.6`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Mapping, Sequence
+
+import gin
+import jax
+import seqio
+
+from t5x_like import cli, decoding, evaluation, partitioning
+from t5x_like.checkpoints import params_io
+from t5x_like.config import ConfigError
+from t5x_like.models.encoder_decoder import EncoderDecoderModel, unbox
+from t5x_like.models.t5 import T5Config
+
+
+def restore_model(checkpoint: str | None) -> tuple[EncoderDecoderModel, Any]:
+    """The gin-configured model and the checkpoint's parameters, sharded over all devices by
+    the configured mesh and rules (checked against the checkpoint's config first)."""
+    if not checkpoint:
+        raise ConfigError("No checkpoint: pass --gin.CHECKPOINT=/path/to/MODEL_DIR (or a "
+                          "directory written by python -m t5x_like.convert).")
+    model = EncoderDecoderModel(T5Config())
+    mesh = partitioning.make_mesh()
+    rules = partitioning.logical_axis_rules(num_partitions=partitioning.model_axis_size(mesh))
+    boxed = model.abstract_params()
+    shardings = partitioning.param_shardings(boxed, mesh, rules)
+    abstract = jax.tree_util.tree_map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), unbox(boxed),
+        shardings)
+    return model, params_io.load_pretrained(checkpoint, model.config, abstract)
+
+
+def default_output_dir(checkpoint: str, name: str) -> str:
+    return os.path.join(os.path.abspath(os.path.expanduser(checkpoint)), name)
+
+
+@gin.configurable
+def evaluate(checkpoint: str | None = None, task: str = "glue_v002_proportional",
+             split: str = "validation",
+             task_feature_lengths: Mapping[str, int] = (("inputs", 512), ("targets", 114)),
+             batch_size: int = 32, max_examples: int | None = None,
+             output_dir: str | None = None,
+             tfds_data_dir: str | None = None) -> dict[str, dict[str, float]]:
+    """Metrics per task; predictions and metrics written under `output_dir`."""
+    feature_lengths = dict(task_feature_lengths)
+    if tfds_data_dir:
+        seqio.set_tfds_data_dir_override(tfds_data_dir)
+    task_names = evaluation.evaluable_tasks(task, split)
+    if not task_names:
+        raise ConfigError(f"{task!r} has no task with metrics and a {split!r} split.")
+    model, params = restore_model(checkpoint)
+    output_dir = output_dir or default_output_dir(checkpoint, "eval")
+    predict_fn = evaluation.make_predict_fn(model, feature_lengths["targets"],
+                                            decoding.DecodeConfig())
+    results = {}
+    for name in task_names:
+        metrics, predictions = evaluation.evaluate_task(predict_fn, params, name, split,
+                                                        feature_lengths, batch_size,
+                                                        max_examples)
+        results[name] = metrics
+        if jax.process_index() == 0:
+            evaluation.write_jsonl(os.path.join(output_dir, f"{name}_{split}.jsonl"),
+                                   (p.to_json() for p in predictions))
+        print(f"{name} ({len(predictions)} examples): " +
+              ", ".join(f"{k} {v:.2f}" for k, v in metrics.items()), flush=True)
+    if jax.process_index() == 0:
+        with open(os.path.join(output_dir, "metrics.json"), "w") as f:
+            json.dump(results, f, indent=2)
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return cli.run(evaluate, argv, __doc__.split("\n\n")[0])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""Decode a task's examples and score them with the task's own postprocessor and metrics.
+
+Used three ways: periodic evaluation inside training, `python -m t5x_like.eval` and
+`python -m t5x_like.infer`. Examples come from seqio unpacked and unshuffled; inputs are padded
+to a fixed length so the jitted decoder compiles once; the last batch is padded with copies
+and the copies dropped. Predictions are written as JSON lines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+import jax
+import numpy as np
+import seqio
+
+from t5x_like import decoding, input_pipeline
+from t5x_like.config import ConfigError
+from t5x_like.models.encoder_decoder import EncoderDecoderModel
+
+PredictFn = Callable[[Any, dict[str, np.ndarray]], tuple[np.ndarray, np.ndarray]]
+
+
+@dataclasses.dataclass
+class Prediction:
+    inputs: str
+    prediction: str
+    score: float
+    target: str | None = None
+    example: Mapping[str, Any] | None = None  # the raw seqio example (for postprocessing)
+
+    def to_json(self) -> dict[str, Any]:
+        record = {"inputs": self.inputs, "prediction": self.prediction, "score": self.score}
+        if self.target is not None:
+            record["target"] = self.target
+        return record
+
+
+def make_predict_fn(model: EncoderDecoderModel, max_decode_length: int,
+                    decode: decoding.DecodeConfig | None = None) -> PredictFn:
+    """A jitted (params, {'encoder_input_tokens'}) -> (tokens, scores)."""
+    return jax.jit(lambda params, batch: model.predict_batch(
+        params, batch, max_decode_length, return_scores=True, decode=decode))
+
+
+def _until_eos(tokens: Sequence[int], eos_id: int = 1) -> list[int]:
+    out = []
+    for t in tokens:
+        if t == eos_id or t == 0 and out:
+            break
+        if t:
+            out.append(int(t))
+    return out
+
+
+def _batches(examples: Iterable[dict[str, Any]], batch_size: int,
+             inputs_length: int) -> Iterator[tuple[list[dict[str, Any]], np.ndarray]]:
+    """(examples, padded input ids) of up to `batch_size`; a short last batch is filled with
+    copies of its last row so every call has the same shape."""
+    chunk: list[dict[str, Any]] = []
+    for ex in examples:
+        chunk.append(ex)
+        if len(chunk) == batch_size:
+            yield chunk, _pad(chunk, batch_size, inputs_length)
+            chunk = []
+    if chunk:
+        yield chunk, _pad(chunk, batch_size, inputs_length)
+
+
+def _pad(chunk: list[dict[str, Any]], batch_size: int, length: int) -> np.ndarray:
+    ids = np.zeros((batch_size, length), np.int32)
+    for i in range(batch_size):
+        row = chunk[min(i, len(chunk) - 1)]["inputs"][:length]
+        ids[i, :len(row)] = row
+    return ids
+
+
+def task_examples(task_name: str, split: str, feature_lengths: Mapping[str, int],
+                  max_examples: int | None = None) -> Iterator[dict[str, Any]]:
+    """The task's preprocessed examples (tokenized, with `*_pretokenized` text), in order."""
+    task = input_pipeline.resolve_task(task_name)
+    input_pipeline.check_data_available(task, split)
+    if split not in task.splits:
+        raise ConfigError(f"Task {task_name!r} has no split {split!r}; it has "
+                          f"{list(task.splits)}.")
+    ds = task.get_dataset(dict(feature_lengths), split=split, shuffle=False, num_epochs=1,
+                          seed=0)
+    if max_examples:
+        ds = ds.take(max_examples)
+    yield from ds.as_numpy_iterator()
+
+
+def predict(predict_fn: PredictFn, params: Any, examples: Iterable[dict[str, Any]],
+            vocabulary: seqio.Vocabulary, batch_size: int,
+            inputs_length: int) -> list[Prediction]:
+    """Decode every example; text comes from `inputs_pretokenized` when present."""
+    out = []
+    for chunk, ids in _batches(examples, batch_size, inputs_length):
+        tokens, scores = jax.device_get(predict_fn(params, {"encoder_input_tokens": ids}))
+        for i, ex in enumerate(chunk):
+            inputs = ex.get("inputs_pretokenized")
+            target = ex.get("targets_pretokenized")
+            out.append(Prediction(
+                inputs=inputs.decode() if isinstance(inputs, bytes) else
+                vocabulary.decode(_until_eos(ex["inputs"])),
+                prediction=vocabulary.decode(_until_eos(tokens[i])),
+                score=float(scores[i]),
+                target=target.decode() if isinstance(target, bytes) else None,
+                example=ex))
+    return out
+
+
+def score(task: seqio.Task, predictions: Sequence[Prediction]) -> dict[str, float]:
+    """The task's metrics on postprocessed targets and predictions."""
+    if not task.metric_fns or not predictions:
+        return {}
+    post = task.postprocess_fn or (lambda text, example=None, is_target=False: text)
+    targets = [post(p.example["targets_pretokenized"], example=p.example, is_target=True)
+               for p in predictions]
+    guesses = [post(p.prediction, example=p.example, is_target=False) for p in predictions]
+    results: dict[str, float] = {}
+    for metric_fn in task.metric_fns:
+        results.update({k: float(v) for k, v in metric_fn(targets, guesses).items()})
+    return results
+
+
+def evaluate_task(predict_fn: PredictFn, params: Any, task_name: str, split: str,
+                  feature_lengths: Mapping[str, int], batch_size: int,
+                  max_examples: int | None = None) -> tuple[dict[str, float], list[Prediction]]:
+    task = input_pipeline.resolve_task(task_name)
+    vocabulary = task.output_features["targets"].vocabulary
+    predictions = predict(predict_fn, params,
+                          task_examples(task_name, split, feature_lengths, max_examples),
+                          vocabulary, batch_size, feature_lengths["inputs"])
+    return score(task, predictions), predictions
+
+
+def evaluable_tasks(task_or_mixture: str, split: str = "validation") -> list[str]:
+    """The tasks (of a mixture) that have metrics and the split."""
+    provider = input_pipeline.resolve_task(task_or_mixture)
+    tasks = provider.tasks if isinstance(provider, seqio.Mixture) else [provider]
+    return [t.name for t in tasks if t.metric_fns and split in t.splits]
+
+
+def write_jsonl(path: str, records: Iterable[Mapping[str, Any]]) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
