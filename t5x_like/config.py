@@ -42,8 +42,10 @@ def parse_gin(gin_files: Sequence[str] = (), bindings: Sequence[str] = ()) -> No
         list(gin_files), [quote_plain_string(b) for b in bindings], finalize_config=False)
 
 
-def load_model_config(gin_files: Sequence[str] = (), bindings: Sequence[str] = ()) -> T5Config:
-    """A T5Config from gin files and bindings, starting from a clean gin state."""
+def load_model_config(gin_files: Sequence[str] = (), bindings: Sequence[str] = (),
+                      config_class: type = T5Config):
+    """A model config (T5Config unless `config_class` says e.g. BertConfig) from gin files and
+    bindings, starting from a clean gin state."""
     gin.clear_config()
     parse_gin(gin_files, bindings)
-    return T5Config()
+    return config_class()

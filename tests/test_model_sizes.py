@@ -53,3 +53,28 @@ def test_parameter_count(name):
     assert abs(ours - NOMINAL[name]) / NOMINAL[name] < 0.05
     assert cfg.logits_via_embedding == name.startswith("t5_1_0")
     assert cfg.dropout_rate == (0.1 if name.startswith("t5_1_0") else 0.0)
+
+
+BERT_COUNTS = {  # transformers' BertForPreTraining on the meta device, same dimensions
+    "tiny": 4_433_468, "mini": 11_267_900, "small": 29_058_876, "medium": 41_668_412,
+    "base": 110_106_428, "large": 336_226_108}
+BERT_NOMINAL = {"base": 110e6, "large": 340e6}  # the BERT paper's rounded sizes
+
+
+@pytest.mark.parametrize("name", sorted(BERT_COUNTS))
+def test_bert_parameter_count(name):
+    import jax
+    import jax.numpy as jnp
+
+    from t5x_like.models import bert
+
+    path = os.path.join(ROOT, "gin_configs/models/bert", name + ".gin")
+    cfg = load_model_config([path], config_class=bert.BertConfig)
+    shapes = jax.eval_shape(lambda: bert.BertForPreTraining(cfg).init(
+        jax.random.key(0), jnp.ones((1, 8), jnp.int32)))["params"]
+    count = bert.count_params(shapes)
+    assert count == BERT_COUNTS[name]
+    with open(path) as f:
+        assert f"{count:,} parameters" in f.readline()
+    if name in BERT_NOMINAL:
+        assert abs(count - BERT_NOMINAL[name]) / BERT_NOMINAL[name] < 0.02

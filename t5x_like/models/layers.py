@@ -2,9 +2,11 @@
 
 Each parameter is created through `nn.with_logical_partitioning`, so it carries logical axis
 names ('embed', 'mlp', 'heads', 'kv', 'vocab', 'relpos_buckets') that the partitioning rules map
-onto a device mesh. The blocks follow Mesh-TensorFlow T5 (the paper's code): no dense biases,
-no 1/sqrt(d_kv) attention scaling (it is folded into the query initialisation), and fan-in
-normal initialisation.
+onto a device mesh. By default the blocks follow Mesh-TensorFlow T5 (the paper's code): no dense
+biases, no 1/sqrt(d_kv) attention scaling (it is folded into the query initialisation), and
+fan-in normal initialisation. BERT and GPT switch on exactly what their papers differ in:
+biases (`use_bias`), explicit 1/sqrt(d_kv) logit scaling (`scale_logits`) and their
+initialisers.
 """
 
 from __future__ import annotations
@@ -35,6 +37,16 @@ def fan_in_normal(scale: float = 1.0) -> Initializer:
     def init(key: Array, shape: Sequence[int], dtype: DType, in_axes: int = 1) -> Array:
         fan_in = int(np.prod(shape[:in_axes]))
         return jax.random.normal(key, shape, dtype) * np.sqrt(scale / fan_in).astype(dtype)
+
+    return init
+
+
+def normal(stddev: float) -> Initializer:
+    """N(0, stddev^2) whatever the shape (BERT and GPT initialise every kernel this way)."""
+
+    def init(key: Array, shape: Sequence[int], dtype: DType, in_axes: int = 1) -> Array:
+        del in_axes
+        return jax.random.normal(key, shape, dtype) * jnp.asarray(stddev, dtype)
 
     return init
 
@@ -81,13 +93,15 @@ class Embed(nn.Module):
 
 
 class Dense(nn.Module):
-    """Bias-free projection from the last `len(in_axes)` dims to `features` dims."""
+    """Projection from the last `len(in_axes)` dims to `features` dims; bias-free unless
+    `use_bias` (T5 has none, BERT and GPT have them)."""
 
     features: Sequence[int]
     in_axes: Sequence[str]
     out_axes: Sequence[str]
     kernel_init: Initializer = fan_in_normal()
     dtype: DType = jnp.float32
+    use_bias: bool = False
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
@@ -97,9 +111,14 @@ class Dense(nn.Module):
         kernel = _param(self, "kernel", init, (*in_shape, *self.features),
                         (*self.in_axes, *self.out_axes))
         contract = tuple(range(x.ndim - n_in, x.ndim))
-        return jax.lax.dot_general(
+        y = jax.lax.dot_general(
             x.astype(self.dtype), kernel.astype(self.dtype),
             ((contract, tuple(range(n_in))), ((), ())))
+        if self.use_bias:
+            bias = _param(self, "bias", nn.initializers.zeros, tuple(self.features),
+                          tuple(self.out_axes))
+            y = y + bias.astype(self.dtype)
+        return y
 
 
 class MlpBlock(nn.Module):
@@ -113,19 +132,23 @@ class MlpBlock(nn.Module):
     activations: Sequence[str] = ("relu",)
     dropout_rate: float = 0.0
     dtype: DType = jnp.float32
+    use_bias: bool = False
+    kernel_init: Initializer = fan_in_normal()
 
     @nn.compact
     def __call__(self, x: Array, deterministic: bool = True) -> Array:
         emb_dim = x.shape[-1]
+        dense = functools.partial(Dense, dtype=self.dtype, use_bias=self.use_bias,
+                                  kernel_init=self.kernel_init)
         hidden = None
         for i, act in enumerate(self.activations):
             name = "wi" if len(self.activations) == 1 else f"wi_{i}"
-            h = Dense((self.mlp_dim,), ("embed",), ("mlp",), dtype=self.dtype, name=name)(x)
+            h = dense((self.mlp_dim,), ("embed",), ("mlp",), name=name)(x)
             h = _activation(act)(h)
             hidden = h if hidden is None else hidden * h
         hidden = nn.Dropout(self.dropout_rate, broadcast_dims=(-2,))(
             hidden, deterministic=deterministic)
-        return Dense((emb_dim,), ("mlp",), ("embed",), dtype=self.dtype, name="wo")(hidden)
+        return dense((emb_dim,), ("mlp",), ("embed",), name="wo")(hidden)
 
 
 def _activation(name: str) -> Callable[[Array], Array]:
@@ -205,16 +228,25 @@ class MultiHeadAttention(nn.Module):
     dropout_rate: float = 0.0
     dtype: DType = jnp.float32
     float32_logits: bool = True
+    use_bias: bool = False
+    # None: T5's fan-in init with the 1/sqrt(d_kv) logit scale folded into the query's; an
+    # initializer: that init for every projection and an explicit 1/sqrt(d_kv) scale (BERT).
+    kernel_init: Initializer | None = None
 
     @nn.compact
     def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Array | None = None,
                  bias: Array | None = None, deterministic: bool = True,
                  decode: bool = False) -> Array:
+        explicit_scale = self.kernel_init is not None
+        init = self.kernel_init or fan_in_normal()
         proj = functools.partial(Dense, features=(self.num_heads, self.head_dim),
-                                 in_axes=("embed",), out_axes=("heads", "kv"), dtype=self.dtype)
+                                 in_axes=("embed",), out_axes=("heads", "kv"), dtype=self.dtype,
+                                 use_bias=self.use_bias, kernel_init=init)
         emb_dim = inputs_q.shape[-1]
-        # Fold the 1/sqrt(d_kv) logit scaling into the query initialisation (Mesh-TF T5).
-        query = proj(kernel_init=fan_in_normal(1.0 / self.head_dim), name="query")(inputs_q)
+        query_init = init if explicit_scale else fan_in_normal(1.0 / self.head_dim)
+        query = proj(kernel_init=query_init, name="query")(inputs_q)
+        if explicit_scale:
+            query = query / jnp.sqrt(jnp.asarray(self.head_dim, query.dtype))
         key = proj(name="key")(inputs_kv)
         value = proj(name="value")(inputs_kv)
 
@@ -230,7 +262,8 @@ class MultiHeadAttention(nn.Module):
         weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
         weights = nn.Dropout(self.dropout_rate)(weights, deterministic=deterministic)
         out = jnp.einsum("bhqk,bkhd->bqhd", weights, value)
-        return Dense((emb_dim,), ("heads", "kv"), ("embed",), dtype=self.dtype, name="out")(out)
+        return Dense((emb_dim,), ("heads", "kv"), ("embed",), dtype=self.dtype, name="out",
+                     use_bias=self.use_bias, kernel_init=init)(out)
 
     def _update_cache(self, key: Array, value: Array, mask: Array | None,
                       bias: Array | None) -> tuple[Array, Array, Array | None, Array | None]:

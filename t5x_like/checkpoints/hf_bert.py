@@ -1,0 +1,148 @@
+"""HuggingFace BERT checkpoints (BertForPreTraining / BertModel layouts) <-> our parameters.
+
+Every HF tensor maps to one of our parameters through a reversible transform, so the same table
+imports and exports. Reading uses safetensors only (no pickle execution), as for T5; unknown,
+missing or mis-shaped tensors are errors that name the tensor.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from t5x_like.checkpoints.hf_t5 import CheckpointError
+from t5x_like.models.bert import BertConfig
+
+Tensor = np.ndarray
+Params = dict[str, Any]
+Transform = Callable[[Tensor], Tensor]
+
+
+def config_from_hf(hf: dict[str, Any]) -> BertConfig:
+    act = hf.get("hidden_act", "gelu")
+    if act != "gelu":
+        raise CheckpointError(f"config.json hidden_act={act!r}; BERT uses the exact 'gelu'.")
+    return BertConfig(
+        vocab_size=hf.get("vocab_size", 30522), hidden_size=hf.get("hidden_size", 768),
+        num_layers=hf.get("num_hidden_layers", 12), num_heads=hf.get("num_attention_heads", 12),
+        intermediate_size=hf.get("intermediate_size", 3072),
+        max_position_embeddings=hf.get("max_position_embeddings", 512),
+        type_vocab_size=hf.get("type_vocab_size", 2),
+        dropout_rate=hf.get("hidden_dropout_prob", 0.1),
+        attention_dropout_rate=hf.get("attention_probs_dropout_prob", 0.1),
+        layer_norm_epsilon=hf.get("layer_norm_eps", 1e-12),
+        initializer_range=hf.get("initializer_range", 0.02))
+
+
+def _pair(to_ours: Transform, to_hf: Transform) -> tuple[Transform, Transform]:
+    return to_ours, to_hf
+
+
+def _same() -> tuple[Transform, Transform]:
+    return _pair(lambda w: w, lambda w: w)
+
+
+def _transposed() -> tuple[Transform, Transform]:
+    return _pair(lambda w: w.T, lambda w: w.T)
+
+
+def _to_heads(heads: tuple[int, int]) -> tuple[Transform, Transform]:
+    """Linear [out=H, in] -> kernel [in, heads, d_head]."""
+    return _pair(lambda w: w.T.reshape(-1, *heads), lambda k: k.reshape(k.shape[0], -1).T)
+
+
+def _from_heads(heads: tuple[int, int]) -> tuple[Transform, Transform]:
+    """Linear [out, in=H] -> kernel [heads, d_head, out]."""
+    return _pair(lambda w: w.T.reshape(*heads, -1), lambda k: k.reshape(-1, k.shape[-1]).T)
+
+
+def _bias_heads(heads: tuple[int, int]) -> tuple[Transform, Transform]:
+    return _pair(lambda b: b.reshape(heads), lambda b: b.reshape(-1))
+
+
+def name_map(cfg: BertConfig, prefix: str = "bert.",
+             heads_too: bool = True) -> Iterator[tuple[str, tuple[str, ...], tuple]]:
+    """(HF name, our path, (to_ours, to_hf)) for every parameter. `prefix` is 'bert.' for
+    BertForPreTraining and '' for a bare BertModel; `heads_too` adds the MLM/NSP heads."""
+    heads = (cfg.num_heads, cfg.head_dim)
+    enc = ("encoder",)
+    emb = f"{prefix}embeddings"
+    yield f"{emb}.word_embeddings.weight", (*enc, "embeddings", "word_embeddings",
+                                            "embedding"), _same()
+    yield f"{emb}.position_embeddings.weight", (*enc, "embeddings", "position_embeddings"), _same()
+    yield f"{emb}.token_type_embeddings.weight", (*enc, "embeddings", "segment_embeddings"), _same()
+    yield f"{emb}.LayerNorm.weight", (*enc, "embeddings", "layer_norm", "scale"), _same()
+    yield f"{emb}.LayerNorm.bias", (*enc, "embeddings", "layer_norm", "bias"), _same()
+    for i in range(cfg.num_layers):
+        hf = f"{prefix}encoder.layer.{i}"
+        ours = (*enc, f"layers_{i}")
+        for name in ("query", "key", "value"):
+            yield (f"{hf}.attention.self.{name}.weight", (*ours, "attention", name, "kernel"),
+                   _to_heads(heads))
+            yield (f"{hf}.attention.self.{name}.bias", (*ours, "attention", name, "bias"),
+                   _bias_heads(heads))
+        yield (f"{hf}.attention.output.dense.weight", (*ours, "attention", "out", "kernel"),
+               _from_heads(heads))
+        yield f"{hf}.attention.output.dense.bias", (*ours, "attention", "out", "bias"), _same()
+        for hf_norm, norm in (("attention.output.LayerNorm", "attention_norm"),
+                              ("output.LayerNorm", "mlp_norm")):
+            yield f"{hf}.{hf_norm}.weight", (*ours, norm, "scale"), _same()
+            yield f"{hf}.{hf_norm}.bias", (*ours, norm, "bias"), _same()
+        for hf_dense, dense in (("intermediate.dense", "wi"), ("output.dense", "wo")):
+            yield f"{hf}.{hf_dense}.weight", (*ours, "mlp", dense, "kernel"), _transposed()
+            yield f"{hf}.{hf_dense}.bias", (*ours, "mlp", dense, "bias"), _same()
+    yield f"{prefix}pooler.dense.weight", (*enc, "pooler", "kernel"), _transposed()
+    yield f"{prefix}pooler.dense.bias", (*enc, "pooler", "bias"), _same()
+    if heads_too:
+        yield "cls.predictions.transform.dense.weight", ("mlm", "transform", "kernel"), _transposed()
+        yield "cls.predictions.transform.dense.bias", ("mlm", "transform", "bias"), _same()
+        yield "cls.predictions.transform.LayerNorm.weight", ("mlm", "layer_norm", "scale"), _same()
+        yield "cls.predictions.transform.LayerNorm.bias", ("mlm", "layer_norm", "bias"), _same()
+        yield "cls.predictions.bias", ("mlm_output_bias",), _same()
+        yield "cls.seq_relationship.weight", ("nsp", "kernel"), _transposed()
+        yield "cls.seq_relationship.bias", ("nsp", "bias"), _same()
+
+
+# Tensors that are copies of others (tied output layer); accepted only when equal.
+_TIED = {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+         "cls.predictions.decoder.bias": "cls.predictions.bias"}
+
+
+def params_from_hf(tensors: dict[str, Tensor], cfg: BertConfig) -> Params:
+    """Our nested parameters from HF tensors (BertForPreTraining, or a bare BertModel whose
+    heads are then absent from the result)."""
+    tensors = dict(tensors)
+    pretraining = any(k.startswith("bert.") for k in tensors)
+    for copy, source in _TIED.items():
+        if copy in tensors:
+            if source in tensors and not np.array_equal(tensors[copy], tensors[source]):
+                raise CheckpointError(f"Tensor {copy} differs from {source}; BERT ties them.")
+            del tensors[copy]
+    params: Params = {}
+    for hf_name, path, (to_ours, _) in name_map(cfg, "bert." if pretraining else "",
+                                                heads_too=pretraining):
+        if hf_name not in tensors:
+            raise CheckpointError(f"Tensor {hf_name} is missing from the checkpoint.")
+        node = params
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = np.asarray(to_ours(tensors.pop(hf_name)), np.float32)
+    tensors.pop("bert.embeddings.position_ids", None)
+    tensors.pop("embeddings.position_ids", None)
+    if tensors:
+        raise CheckpointError(f"Unexpected tensors in the checkpoint: {sorted(tensors)[:5]}.")
+    return params
+
+
+def params_to_hf(params: Params, cfg: BertConfig) -> dict[str, Tensor]:
+    """HF BertForPreTraining tensors from our parameters (the tied copies included)."""
+    out = {}
+    for hf_name, path, (_, to_hf) in name_map(cfg):
+        node = params
+        for key in path:
+            node = node[key]
+        out[hf_name] = np.ascontiguousarray(to_hf(np.asarray(node, np.float32)))
+    for copy, source in _TIED.items():
+        out[copy] = out[source]
+    return out

@@ -1,0 +1,189 @@
+"""BERT (Devlin et al., 2018; SPEC.md section 2): a post-LayerNorm Transformer encoder with
+learned absolute position and segment embeddings, a [CLS] pooler, and the masked-LM and
+next-sentence heads.
+
+Shared with T5 (`layers.py`): dense projections, attention and the feed-forward block, with
+BERT's differences switched on — biases everywhere, explicit 1/sqrt(d_head) logit scaling,
+N(0, 0.02) initialisation, exact (erf) GELU, LayerNorm with bias applied *after* each residual
+sum. Parameter names and logical axes follow t5x_like's conventions so the partitioning rules
+apply unchanged (new logical names: `positions`, `segments`, `classes`, all replicated).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.linen as nn
+import gin
+import jax
+import jax.numpy as jnp
+
+from t5x_like.models import layers
+
+Array = jax.Array
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    """Dimensions of a BERT model; defaults are BERT-Base (110M parameters, uncased vocab)."""
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    intermediate_size: int = 3072
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    dropout_rate: float = 0.1
+    attention_dropout_rate: float = 0.1
+    layer_norm_epsilon: float = 1e-12
+    initializer_range: float = 0.02
+    dtype: str = "float32"
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def layer_norm(cfg: BertConfig, name: str) -> nn.LayerNorm:
+    """LayerNorm with scale and bias (statistics in float32), tagged 'embed'."""
+    return nn.LayerNorm(epsilon=cfg.layer_norm_epsilon, dtype=jnp.dtype(cfg.dtype),
+                        param_dtype=jnp.float32, name=name,
+                        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+                        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))
+
+
+class Embeddings(nn.Module):
+    """word + absolute position + segment embeddings -> LayerNorm -> dropout. The word table
+    is also the masked-LM output layer (`attend`)."""
+
+    config: BertConfig
+
+    def setup(self) -> None:
+        cfg = self.config
+        init = nn.initializers.normal(stddev=cfg.initializer_range)
+        self.words = layers.Embed(cfg.vocab_size, cfg.hidden_size, dtype=jnp.dtype(cfg.dtype),
+                                  embedding_init=init, name="word_embeddings")
+        self.positions = layers._param(self, "position_embeddings", init,
+                                       (cfg.max_position_embeddings, cfg.hidden_size),
+                                       ("positions", "embed"))
+        self.segments = layers._param(self, "segment_embeddings", init,
+                                      (cfg.type_vocab_size, cfg.hidden_size),
+                                      ("segments", "embed"))
+        self.norm = layer_norm(cfg, "layer_norm")
+        self.dropout = nn.Dropout(cfg.dropout_rate)
+
+    def __call__(self, token_ids: Array, segment_ids: Array, deterministic: bool) -> Array:
+        cfg = self.config
+        length = token_ids.shape[1]
+        if length > cfg.max_position_embeddings:
+            raise ValueError(f"Sequence length {length} exceeds BERT's "
+                             f"{cfg.max_position_embeddings} learned positions.")
+        dtype = jnp.dtype(cfg.dtype)
+        x = (self.words(token_ids) + self.positions[None, :length].astype(dtype)
+             + jnp.take(self.segments, segment_ids, axis=0).astype(dtype))
+        return self.dropout(self.norm(x), deterministic=deterministic)
+
+    def attend(self, x: Array) -> Array:
+        return self.words.attend(x)
+
+
+class EncoderLayer(nn.Module):
+    """Post-LN block: x = LN(x + drop(attn(x))); x = LN(x + drop(ffn(x)))."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
+        cfg = self.config
+        dtype = jnp.dtype(cfg.dtype)
+        init = layers.normal(cfg.initializer_range)
+        attended = layers.MultiHeadAttention(
+            cfg.num_heads, cfg.head_dim, dropout_rate=cfg.attention_dropout_rate, dtype=dtype,
+            use_bias=True, kernel_init=init, name="attention")(
+                x, x, mask=mask, deterministic=deterministic)
+        attended = nn.Dropout(cfg.dropout_rate)(attended, deterministic=deterministic)
+        x = layer_norm(cfg, "attention_norm")(x + attended)
+        hidden = layers.MlpBlock(cfg.intermediate_size, activations=("gelu_exact",),
+                                 dtype=dtype, use_bias=True, kernel_init=init, name="mlp")(x)
+        hidden = nn.Dropout(cfg.dropout_rate)(hidden, deterministic=deterministic)
+        return layer_norm(cfg, "mlp_norm")(x + hidden)
+
+
+class BertEncoder(nn.Module):
+    """Embeddings, the layer stack and the [CLS] pooler."""
+
+    config: BertConfig
+
+    def setup(self) -> None:
+        cfg = self.config
+        self.embeddings = Embeddings(cfg, name="embeddings")
+        self.layers = [EncoderLayer(cfg, name=f"layers_{i}") for i in range(cfg.num_layers)]
+        # hidden -> hidden projections name their output axis 'mlp' (an array cannot carry the
+        # same logical name twice); the rules split it like a feed-forward layer.
+        self.pooler = layers.Dense((cfg.hidden_size,), ("embed",), ("mlp",),
+                                   kernel_init=layers.normal(cfg.initializer_range),
+                                   dtype=jnp.dtype(cfg.dtype), use_bias=True)
+
+    def __call__(self, token_ids: Array, segment_ids: Array | None = None,
+                 input_mask: Array | None = None,
+                 deterministic: bool = True) -> tuple[Array, Array]:
+        """(sequence output (batch, length, hidden), pooled [CLS] (batch, hidden)).
+        `input_mask` defaults to token_ids != 0 ([PAD] is id 0 in BERT vocabularies)."""
+        if segment_ids is None:
+            segment_ids = jnp.zeros_like(token_ids)
+        if input_mask is None:
+            input_mask = token_ids != 0
+        mask = (input_mask[:, None, None, :] > 0)
+        x = self.embeddings(token_ids, segment_ids, deterministic)
+        for layer in self.layers:
+            x = layer(x, mask, deterministic)
+        pooled = jnp.tanh(self.pooler(x[:, 0]))
+        return x, pooled
+
+
+class MaskedLMTransform(nn.Module):
+    """The masked-LM head before its (tied) output layer: dense + GELU + LayerNorm."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        cfg = self.config
+        x = layers.Dense((cfg.hidden_size,), ("embed",), ("mlp",),
+                         kernel_init=layers.normal(cfg.initializer_range),
+                         dtype=jnp.dtype(cfg.dtype), use_bias=True, name="transform")(x)
+        return layer_norm(cfg, "layer_norm")(nn.gelu(x, approximate=False))
+
+
+class BertForPreTraining(nn.Module):
+    """The encoder with the masked-LM head (output tied to the word embeddings, plus a bias)
+    and the next-sentence-prediction head on the pooled [CLS]."""
+
+    config: BertConfig
+
+    def setup(self) -> None:
+        cfg = self.config
+        self.encoder = BertEncoder(cfg, name="encoder")
+        self.mlm = MaskedLMTransform(cfg, name="mlm")
+        self.mlm_output_bias = layers._param(self, "mlm_output_bias", nn.initializers.zeros,
+                                             (cfg.vocab_size,), ("vocab",))
+        self.nsp = layers.Dense((2,), ("embed",), ("classes",),
+                                kernel_init=layers.normal(cfg.initializer_range),
+                                dtype=jnp.dtype(cfg.dtype), use_bias=True)
+
+    def __call__(self, token_ids: Array, segment_ids: Array | None = None,
+                 input_mask: Array | None = None,
+                 deterministic: bool = True) -> dict[str, Array]:
+        sequence, pooled = self.encoder(token_ids, segment_ids, input_mask, deterministic)
+        mlm_logits = self.encoder.embeddings.attend(self.mlm(sequence)) + self.mlm_output_bias
+        return {"mlm_logits": mlm_logits, "nsp_logits": self.nsp(pooled),
+                "pooled": pooled, "sequence": sequence}
+
+
+def count_params(params) -> int:
+    return sum(int(x.size) for x in jax.tree_util.tree_leaves(nn.meta.unbox(params)))
