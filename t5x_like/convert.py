@@ -1,10 +1,14 @@
-"""Convert a HuggingFace T5 checkpoint into an orbax checkpoint, optionally verifying it.
+"""Convert HuggingFace checkpoints to ours and back, optionally verifying them.
 
     python -m t5x_like.convert --from_hf DIR --to CKPT_DIR [--verify]
+    python -m t5x_like.convert --from_ckpt CKPT_DIR --to_hf DIR        (BERT)
 
-DIR holds `config.json` and `model.safetensors` (or a sharded index). `--verify` runs
-transformers' PyTorch model and ours on the same batch, prints `max_abs_logit_diff=<x>` and
-exits non-zero when the encoder output or the decoder logits differ by more than 1e-4.
+DIR holds `config.json` and `model.safetensors` (or a sharded index; BERT also reads a
+`pytorch_model.bin` with torch's weights-only loader, which cannot run code). The family (T5 or
+BERT) comes from config.json's `model_type`. `--verify` runs transformers' PyTorch model and ours
+on the same batch, prints `max_abs_logit_diff=<x>` and exits non-zero (writing nothing) when a
+difference exceeds 1e-4. `--to_hf` exports a BERT checkpoint (e.g. fine-tuned here) in
+HuggingFace's BertForPreTraining layout, for serving elsewhere.
 """
 
 from __future__ import annotations
@@ -12,40 +16,74 @@ from __future__ import annotations
 import argparse
 import sys
 
-from t5x_like.checkpoints import hf_reference, hf_t5, params_io
+from t5x_like.checkpoints import hf_bert, hf_reference, hf_t5, params_io
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--from_hf", required=True, help="HuggingFace T5 checkpoint directory")
-    parser.add_argument("--to", required=True, help="output orbax checkpoint directory")
-    parser.add_argument("--verify", action="store_true",
-                        help="compare with the transformers PyTorch model (needs the test extra)")
-    args = parser.parse_args(argv)
-
-    try:
-        config, params = hf_t5.load_hf_checkpoint(args.from_hf)
-    except hf_t5.CheckpointError as e:
-        print(f"error: {e}", file=sys.stderr)
+def _import(args: argparse.Namespace) -> int:
+    family = hf_t5.read_config(args.from_hf).get("model_type", "t5")
+    loader = {"t5": hf_t5.load_hf_checkpoint, "bert": hf_bert.load_hf_checkpoint}.get(family)
+    if loader is None:
+        print(f"error: config.json model_type={family!r}; supported: t5, bert.", file=sys.stderr)
         return 2
+    config, params = loader(args.from_hf)
     print(f"Read {args.from_hf}: {config}")
-
     if args.verify:
-        hf_model = hf_reference.load_hf_model(args.from_hf)
-        diffs = hf_reference.max_abs_differences(
-            hf_model, config, params, hf_reference.example_batch(config.vocab_size))
+        if family == "bert":
+            diffs = hf_reference.max_abs_bert_differences(
+                hf_reference.load_hf_bert(args.from_hf), config, params)
+        else:
+            diffs = hf_reference.max_abs_differences(
+                hf_reference.load_hf_model(args.from_hf), config, params,
+                hf_reference.example_batch(config.vocab_size))
+        for name, value in diffs.items():
+            print(f"max_abs_{name}_diff={value:.3e}")
         worst = max(diffs.values())
-        print(f"max_abs_encoder_diff={diffs['encoder']:.3e}")
-        print(f"max_abs_logit_diff={diffs['logits']:.3e}")
         if worst > hf_reference.VERIFY_TOLERANCE:
             print(f"error: difference {worst:.3e} exceeds {hf_reference.VERIFY_TOLERANCE:g}; "
                   "no checkpoint written.", file=sys.stderr)
             return 1
         print(f"verified: within {hf_reference.VERIFY_TOLERANCE:g} of the reference")
-
     path = params_io.save_params(args.to, params, config)
     print(f"Wrote {path}")
     return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    import jax
+
+    directory = params_io.checkpoint_directory(args.from_ckpt)
+    config = params_io.restore_config(directory)
+    if not isinstance(config, hf_bert.BertConfig):
+        print("error: --to_hf exports BERT checkpoints; this one is a T5 model.",
+              file=sys.stderr)
+        return 2
+    abstract = hf_bert.expected_params(config)
+    params = jax.device_get(params_io.restore_params(directory, abstract))
+    hf_bert.save_hf_checkpoint(args.to_hf, params, config)
+    print(f"Wrote {args.to_hf} (config.json + model.safetensors, BertForPreTraining layout)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--from_hf", help="HuggingFace checkpoint directory to import")
+    parser.add_argument("--to", help="output orbax checkpoint directory (with --from_hf)")
+    parser.add_argument("--verify", action="store_true",
+                        help="compare with the transformers PyTorch model (needs the test extra)")
+    parser.add_argument("--from_ckpt", help="our checkpoint (a run's MODEL_DIR or a converted "
+                                            "directory) to export")
+    parser.add_argument("--to_hf", help="output HuggingFace directory (with --from_ckpt)")
+    args = parser.parse_args(argv)
+    try:
+        if args.from_hf and args.to:
+            return _import(args)
+        if args.from_ckpt and args.to_hf:
+            return _export(args)
+    except hf_t5.CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    parser.error("give --from_hf DIR --to CKPT_DIR, or --from_ckpt CKPT_DIR --to_hf DIR")
+    return 2
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ def test_logits_match_reference(hf_checkpoint):
                                            target_len=11, seed=seed)
         diffs = hf_reference.max_abs_differences(hf_model, config, params, batch)
         assert diffs["encoder"] <= 1e-4, diffs
-        assert diffs["logits"] <= 1e-4, diffs
+        assert diffs["logit"] <= 1e-4, diffs
 
 
 def test_verification_detects_a_wrong_parameter(hf_checkpoint):
@@ -71,7 +71,7 @@ def test_verification_detects_a_wrong_parameter(hf_checkpoint):
         params["decoder"]["layers_1"]["mlp"]["wo"]["kernel"] * 1.01)
     diffs = hf_reference.max_abs_differences(hf_model, config, params,
                                              hf_reference.example_batch(config.vocab_size))
-    assert diffs["logits"] > 1e-4
+    assert diffs["logit"] > 1e-4
 
 
 def test_convert_cli_verifies_and_writes_a_restorable_checkpoint(hf_checkpoint, tmp_path, capsys):

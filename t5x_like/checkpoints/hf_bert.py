@@ -146,3 +146,83 @@ def params_to_hf(params: Params, cfg: BertConfig) -> dict[str, Tensor]:
     for copy, source in _TIED.items():
         out[copy] = out[source]
     return out
+
+
+# ------------------------------------------------------------------------------ files
+def read_tensors(checkpoint_dir: str) -> dict[str, Tensor]:
+    """safetensors, or a PyTorch `.bin` read with torch's weights-only unpickler (tensors and
+    plain containers only: nothing in the file can run code)."""
+    import os
+
+    from t5x_like.checkpoints.hf_t5 import read_safetensors
+
+    bin_path = os.path.join(checkpoint_dir, "pytorch_model.bin")
+    has_safetensors = any(n.startswith("model.safetensors") for n in os.listdir(checkpoint_dir))
+    if has_safetensors or not os.path.exists(bin_path):
+        return read_safetensors(checkpoint_dir)
+    try:
+        import torch
+    except ImportError as e:
+        raise CheckpointError(f"{bin_path} is a PyTorch file; reading it needs torch "
+                              "(pip install torch==2.13.0), or convert it to safetensors.") from e
+    state = torch.load(bin_path, map_location="cpu", weights_only=True)
+    return {k: v.float().numpy() for k, v in state.items()}
+
+
+def load_hf_checkpoint(checkpoint_dir: str) -> tuple[BertConfig, Params]:
+    """(config, params) from a HuggingFace BERT directory, shapes checked against the config."""
+    from t5x_like.checkpoints.hf_t5 import read_config
+
+    cfg = config_from_hf(read_config(checkpoint_dir))
+    params = params_from_hf(read_tensors(checkpoint_dir), cfg)
+    expected = expected_params(cfg)
+    heads_only = "mlm" not in params
+    for hf_name, path, _ in name_map(cfg, heads_too=not heads_only):
+        got, want = params, expected
+        for key in path:
+            got, want = got[key], want[key]
+        if tuple(got.shape) != tuple(want.shape):
+            raise CheckpointError(f"Tensor {hf_name} gives shape {tuple(got.shape)} for "
+                                  f"{'/'.join(path)}, but config.json implies "
+                                  f"{tuple(want.shape)}.")
+    return cfg, params
+
+
+def expected_params(cfg: BertConfig) -> Params:
+    """ShapeDtypeStructs of BertForPreTraining's parameters (nothing allocated)."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    from t5x_like.models.bert import BertForPreTraining
+
+    return nn.meta.unbox(jax.eval_shape(lambda: BertForPreTraining(cfg).init(
+        jax.random.key(0), jnp.ones((1, 8), jnp.int32)))["params"])
+
+
+def hf_config(cfg: BertConfig) -> dict[str, Any]:
+    return {"architectures": ["BertForPreTraining"], "model_type": "bert",
+            "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+            "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+            "intermediate_size": cfg.intermediate_size, "hidden_act": "gelu",
+            "hidden_dropout_prob": cfg.dropout_rate,
+            "attention_probs_dropout_prob": cfg.attention_dropout_rate,
+            "max_position_embeddings": cfg.max_position_embeddings,
+            "type_vocab_size": cfg.type_vocab_size, "initializer_range": cfg.initializer_range,
+            "layer_norm_eps": cfg.layer_norm_epsilon, "pad_token_id": 0}
+
+
+def save_hf_checkpoint(directory: str, params: Params, cfg: BertConfig) -> None:
+    """Write config.json + model.safetensors in HuggingFace's BertForPreTraining layout."""
+    import json
+    import os
+
+    from safetensors.numpy import save_file
+
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(hf_config(cfg), f, indent=2)
+    tensors = params_to_hf(params, cfg)
+    # safetensors refuses shared memory; the tied copies are written as their own arrays.
+    save_file({k: np.array(v, copy=True) for k, v in tensors.items()},
+              os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})

@@ -72,5 +72,50 @@ def max_abs_differences(hf_model: Any, config: T5Config, params: Any,
     real = attention_mask.astype(bool)
     return {
         "encoder": float(np.max(np.abs(encoded[real] - ref_encoded[real]))),
-        "logits": float(np.max(np.abs(logits - ref_logits))),
+        "logit": float(np.max(np.abs(logits - ref_logits))),
     }
+
+
+# ------------------------------------------------------------------------------ BERT
+def load_hf_bert(checkpoint_dir: str):
+    """transformers' BertForPreTraining (or BertModel for a checkpoint without heads)."""
+    _require_torch()
+    import transformers
+
+    from t5x_like.checkpoints import hf_bert
+
+    has_heads = any(k.startswith("cls.") for k in hf_bert.read_tensors(checkpoint_dir))
+    cls = transformers.BertForPreTraining if has_heads else transformers.BertModel
+    return cls.from_pretrained(checkpoint_dir, local_files_only=True).float().eval()
+
+
+def max_abs_bert_differences(hf_model: Any, config: Any, params: Any,
+                             seed: int = 0) -> dict[str, float]:
+    """Largest |ours - reference| of the MLM logits (real positions) and NSP logits, or of the
+    sequence output and pooled [CLS] for a checkpoint without heads."""
+    import torch
+
+    from t5x_like.models import bert
+
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1, config.vocab_size, (2, 12))
+    ids[0, -3:] = 0
+    segments = np.zeros_like(ids)
+    segments[:, 6:] = 1
+    mask = (ids != 0).astype(np.int64)
+    with torch.no_grad():
+        ref = hf_model(input_ids=torch.tensor(ids), token_type_ids=torch.tensor(segments),
+                       attention_mask=torch.tensor(mask))
+    real = mask.astype(bool)
+    if "mlm" in params:
+        out = bert.BertForPreTraining(config).apply({"params": params}, jnp.asarray(ids),
+                                                    jnp.asarray(segments), jnp.asarray(mask))
+        return {"logit": float(np.max(np.abs(np.asarray(out["mlm_logits"])[real]
+                                              - ref.prediction_logits.numpy()[real]))),
+                "nsp": float(np.max(np.abs(np.asarray(out["nsp_logits"])
+                                           - ref.seq_relationship_logits.numpy())))}
+    sequence, pooled = bert.BertEncoder(config).apply(
+        {"params": params["encoder"]}, jnp.asarray(ids), jnp.asarray(segments), jnp.asarray(mask))
+    return {"logit": float(np.max(np.abs(np.asarray(sequence)[real]
+                                          - ref.last_hidden_state.numpy()[real]))),
+            "pooled": float(np.max(np.abs(np.asarray(pooled) - ref.pooler_output.numpy())))}

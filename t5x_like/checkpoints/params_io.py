@@ -32,13 +32,20 @@ def save_params(directory: str, params: Params, config: T5Config, step: int = 0,
     return os.path.join(os.path.abspath(directory), str(step))
 
 
-def restore_config(directory: str, step: int | None = None) -> T5Config:
+def restore_config(directory: str, step: int | None = None) -> Any:
+    """The model config saved beside the parameters: a T5Config, or a BertConfig for a
+    checkpoint whose config says `"family": "bert"`."""
     with _manager(directory) as manager:
         step = manager.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"No checkpoint in {directory}.")
         restored = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))
-    return T5Config(**restored["config"])
+    data = restored["config"]
+    if data.get("family") == "bert":
+        from t5x_like.models.bert import BertConfig
+
+        return BertConfig.from_json(data)
+    return T5Config(**data)
 
 
 def restore_params(directory: str, abstract_params: Params,

@@ -46,7 +46,12 @@ class BertConfig:
         return self.hidden_size // self.num_heads
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        """Fields plus the family, so a checkpoint's config says which model it belongs to."""
+        return {"family": "bert", **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "BertConfig":
+        return cls(**{k: v for k, v in data.items() if k != "family"})
 
 
 def layer_norm(cfg: BertConfig, name: str) -> nn.LayerNorm:
