@@ -94,3 +94,48 @@ def learning_rate_schedule(name: str = "inverse_sqrt", warmup_steps: int = 10_00
     from t5x_like.config import ConfigError
 
     raise ConfigError(f"train.learning_rate_schedule={name!r}; choose one of {SCHEDULES}.")
+
+
+# ------------------------------------------------------------------------------ BERT
+def bert_learning_rate(peak: float = 1e-4, total_steps: int = 1_000_000,
+                       warmup_steps: int = 10_000) -> optax.Schedule:
+    """BERT's schedule as its code computes it: peak * (1 - step / total) (linear decay to 0
+    over the whole run), replaced by the linear warm-up peak * step / warmup for
+    step < warmup."""
+
+    def schedule(step):
+        step = jnp.asarray(step, jnp.float32)
+        decay = peak * jnp.maximum(0.0, 1.0 - step / total_steps)
+        warm = peak * step / max(warmup_steps, 1)
+        return jnp.where(step < warmup_steps, warm, decay)
+
+    return schedule
+
+
+def no_decay_on_norms_and_biases(params) -> object:
+    """True where weight decay applies: every parameter except biases and LayerNorm scales and
+    biases (BERT excludes "LayerNorm" and "bias")."""
+
+    def decays(path, _):
+        names = [str(getattr(k, "key", k)) for k in path]
+        in_norm = any(n.endswith("norm") for n in names[:-1])
+        return not (in_norm or "bias" in names[-1])
+
+    return jax.tree_util.tree_map_with_path(decays, params)
+
+
+def bert_adamw(learning_rate: optax.ScalarOrSchedule, weight_decay: float = 0.01,
+               b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6,
+               clip_norm: float | None = 1.0) -> optax.GradientTransformation:
+    """BERT's optimizer: gradients clipped to global norm 1.0, then Adam (beta1 0.9, beta2
+    0.999) with weight decay 0.01 decoupled from the gradient and skipped for LayerNorm and
+    biases. Adam here is the paper's, with bias correction (as transformers' AdamW); BERT's
+    released TF code left the correction out, which only changes the first few hundred
+    steps, inside the warm-up."""
+    steps = [optax.clip_by_global_norm(clip_norm)] if clip_norm else []
+    steps += [
+        optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
+        optax.add_decayed_weights(weight_decay, mask=no_decay_on_norms_and_biases),
+        optax.scale_by_learning_rate(learning_rate),
+    ]
+    return optax.chain(*steps)

@@ -43,3 +43,64 @@ def test_attention_kernel_updates_equal_adafactor_on_the_matrix():
     np.testing.assert_allclose(updates["q"], ref_updates["q"].reshape(256, 4, 64), rtol=1e-6)
     np.testing.assert_allclose(updates["wi"], ref_updates["wi"], rtol=1e-6)
     np.testing.assert_allclose(updates["scale"], ref_updates["scale"], rtol=1e-6)
+
+
+# ------------------------------------------------------------------------------ BERT
+def _bert_params():
+    import flax.linen as nn
+
+    from t5x_like.models import bert
+
+    cfg = bert.BertConfig(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2,
+                          intermediate_size=32, max_position_embeddings=16)
+    return nn.meta.unbox(bert.BertForPreTraining(cfg).init(
+        jax.random.key(0), jnp.ones((1, 4), jnp.int32))["params"])
+
+
+def test_bert_weight_decay_mask_excludes_exactly_layernorm_and_biases():
+    params = _bert_params()
+    mask = optimizers.no_decay_on_norms_and_biases(params)
+    skipped = sorted("/".join(str(k.key) for k in path) for path, decays in
+                     jax.tree_util.tree_leaves_with_path(mask) if not decays)
+    expected_norms = ["encoder/embeddings/layer_norm", "mlm/layer_norm"] + [
+        f"encoder/layers_{i}/{n}" for i in range(2) for n in ("attention_norm", "mlp_norm")]
+    expected = sorted([f"{n}/{leaf}" for n in expected_norms for leaf in ("scale", "bias")] + [
+        f"encoder/layers_{i}/attention/{p}/bias" for i in range(2)
+        for p in ("query", "key", "value", "out")] + [
+        f"encoder/layers_{i}/mlp/{p}/bias" for i in range(2) for p in ("wi", "wo")] + [
+        "encoder/pooler/bias", "mlm/transform/bias", "mlm_output_bias", "nsp/bias"])
+    assert skipped == expected
+    decayed = [p for p, d in jax.tree_util.tree_leaves_with_path(mask) if d]
+    assert len(decayed) == 2 + 1 + 1 + 2 * 6 + 2  # embeddings, kernels of every dense
+
+
+def test_bert_adamw_decays_weights_but_not_norms_or_biases():
+    params = _bert_params()
+    opt = optimizers.bert_adamw(0.1, weight_decay=0.01)
+    zero = jax.tree_util.tree_map(jnp.zeros_like, params)
+    updates, _ = opt.update(zero, opt.init(params), params)
+    kernel = params["encoder"]["layers_0"]["mlp"]["wi"]["kernel"]
+    np.testing.assert_allclose(updates["encoder"]["layers_0"]["mlp"]["wi"]["kernel"],
+                               -0.1 * 0.01 * kernel, rtol=1e-6)
+    assert not np.any(updates["encoder"]["layers_0"]["mlp"]["wi"]["bias"])
+    assert not np.any(updates["encoder"]["embeddings"]["layer_norm"]["scale"])
+
+
+def test_bert_adamw_clips_the_global_gradient_norm():
+    params = {"w": jnp.zeros((4,))}
+    opt = optimizers.bert_adamw(1.0, weight_decay=0.0, clip_norm=1.0)
+    state = opt.init(params)
+    big = {"w": jnp.array([30.0, 40.0, 0.0, 0.0])}  # norm 50 -> clipped to norm 1
+    small = {"w": jnp.array([0.6, 0.8, 0.0, 0.0])}
+    u_big, _ = opt.update(big, state, params)
+    u_small, _ = opt.update(small, state, params)
+    np.testing.assert_allclose(u_big["w"], u_small["w"], rtol=1e-6)
+
+
+def test_bert_learning_rate_is_warmup_then_linear_decay_from_step_zero():
+    lr = optimizers.bert_learning_rate(1e-4, total_steps=100_000, warmup_steps=10_000)
+    assert float(lr(0)) == 0.0
+    np.testing.assert_allclose(float(lr(5_000)), 0.5e-4, rtol=1e-6)
+    np.testing.assert_allclose(float(lr(10_000)), 1e-4 * 0.9, rtol=1e-6)
+    np.testing.assert_allclose(float(lr(55_000)), 1e-4 * 0.45, rtol=1e-6)
+    assert float(lr(100_000)) == 0.0
