@@ -1,0 +1,88 @@
+"""WordPiece vocabulary: a hand-checked sentence, and agreement with two independent
+references (tensorflow-text's BertTokenizer and transformers' Python BertTokenizer) on a
+vocabulary learned from local text with the build tool."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from t5x_like.data import wordpiece
+
+HAND_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "un", "##aff", "##able",
+              "runs", "!", "cafe", "."]
+SENTENCES = [
+    "The unaffable runs!",
+    "Hello, World. This is BERT's tokenizer: it splits punctuation (and numbers 12,345).",
+    "Café naïve résumé — ÀÉÎÕÜ; 東京 is two CJK characters.",
+    "Unseenwordzzzz and emoji 🙂 become unknown pieces.",
+    "   multiple   spaces\tand\nnewlines   ",
+]
+
+
+@pytest.fixture(scope="module")
+def learned_vocab(tmp_path_factory):
+    """A WordPiece vocab learned by the build tool from the offline corpus."""
+    from t5x_like import offline_corpus
+
+    path = tmp_path_factory.mktemp("wordpiece") / "vocab.txt"
+    corpus = offline_corpus.ensure_corpus()["train"]
+    pieces = wordpiece.main(["--input", corpus, "--output", str(path), "--vocab_size", "2000"])
+    assert pieces[:5] == list(wordpiece.SPECIAL_TOKENS)
+    return path
+
+
+def test_hand_checked_sentence(tmp_path):
+    path = tmp_path / "vocab.txt"
+    path.write_text("\n".join(HAND_VOCAB) + "\n")
+    vocab = wordpiece.WordPieceVocabulary(str(path))
+    ids = vocab.encode("The unaffable runs!")
+    assert [HAND_VOCAB[i] for i in ids] == ["the", "un", "##aff", "##able", "runs", "!"]
+    assert vocab.encode("Café.") == [11, 12]  # lower-cased, accent stripped
+    assert vocab.encode("unknownword") == [vocab.unk_id]
+    assert (vocab.pad_id, vocab.unk_id, vocab.cls_id, vocab.sep_id, vocab.mask_id) == (
+        0, 1, 2, 3, 4)
+    assert vocab.decode(ids) == "the unaffable runs !"
+    assert vocab.encode_tf(tf.constant("the runs")).numpy().tolist() == [5, 9]
+
+
+def test_matches_tensorflow_text_bert_tokenizer(learned_vocab):
+    import tensorflow_text as tf_text
+
+    vocab = wordpiece.WordPieceVocabulary(str(learned_vocab))
+    lookup = tf.lookup.StaticVocabularyTable(
+        tf.lookup.TextFileInitializer(str(learned_vocab), tf.string,
+                                      tf.lookup.TextFileIndex.WHOLE_LINE, tf.int64,
+                                      tf.lookup.TextFileIndex.LINE_NUMBER), num_oov_buckets=1)
+    reference = tf_text.BertTokenizer(lookup, lower_case=True, unknown_token="[UNK]",
+                                      token_out_type=tf.int64)
+    for sentence in SENTENCES:
+        want = reference.tokenize(sentence).flat_values.numpy().tolist()
+        assert vocab.encode(sentence) == want, sentence
+
+
+def test_matches_transformers_bert_tokenizer(learned_vocab):
+    transformers = pytest.importorskip("transformers")
+    vocab = wordpiece.WordPieceVocabulary(str(learned_vocab))
+    reference = transformers.BertTokenizer(str(learned_vocab), do_lower_case=True)
+    for sentence in SENTENCES:
+        want = reference.convert_tokens_to_ids(reference.tokenize(sentence))
+        assert vocab.encode(sentence) == want, sentence
+    assert np.mean([vocab.unk_id not in vocab.encode(s) for s in SENTENCES[:2]]) == 1.0
+    # One known difference: transformers keeps a literal "[UNK]" in the text whole; BERT's
+    # original basic tokenizer (and tensorflow-text, and we) split it as punctuation + word.
+    pieces = vocab.pieces
+    assert [pieces[i] for i in vocab.encode("[UNK]")][:2] == ["[", "u"]
+
+
+def test_cased_vocabulary_keeps_case(tmp_path):
+    path = tmp_path / "vocab.txt"
+    path.write_text("\n".join(HAND_VOCAB + ["The"]) + "\n")
+    cased = wordpiece.WordPieceVocabulary(str(path), lower_case=False)
+    assert cased.encode("The the") == [13, 5]
+
+
+def test_vocab_without_special_tokens_is_refused(tmp_path):
+    path = tmp_path / "vocab.txt"
+    path.write_text("a\nb\n")
+    with pytest.raises(ValueError, match=r"lacks BERT's special tokens \['\[PAD\]'"):
+        wordpiece.WordPieceVocabulary(str(path))
