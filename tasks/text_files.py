@@ -88,13 +88,6 @@ def files_source(split_to_filepattern: Mapping[str, str | Sequence[str]],
     return TextFileDataSource(split_to_filepattern)
 
 
-def check_files(source: seqio.FileDataSource, split: str, what: str) -> None:
-    """Fail before any work when a split's pattern matches no file."""
-    if not source.list_shards(split):
-        raise ConfigError(f"{what}: no files match {source._split_to_filepattern[split]!r} "
-                          f"for split {split!r}.")
-
-
 class LazySource(seqio.DataSource):
     """A source chosen when data is first requested (after gin parsed the run's bindings).
 
