@@ -30,7 +30,8 @@ def _import(args: argparse.Namespace) -> int:
     if args.verify:
         if family == "bert":
             diffs = hf_reference.max_abs_bert_differences(
-                hf_reference.load_hf_bert(args.from_hf), config, params)
+                hf_reference.load_hf_bert(args.from_hf, has_heads="mlm" in params), config,
+                params)
         else:
             diffs = hf_reference.max_abs_differences(
                 hf_reference.load_hf_model(args.from_hf), config, params,

@@ -228,7 +228,6 @@ def _evaluate_tasks(model: EncoderDecoderModel, params, task_names: Sequence[str
     """Decode (DecodeConfig from gin; greedy by default) and score each task's validation set."""
     predict_fn = evaluation.make_predict_fn(model, feature_lengths["targets"],
                                             decoding.DecodeConfig())
-    params = jax.device_get(params)
     return {name: evaluation.evaluate_task(predict_fn, params, name, "validation",
                                            feature_lengths, batch_size, max_examples)[0]
             for name in task_names}

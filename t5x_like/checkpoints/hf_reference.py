@@ -77,14 +77,11 @@ def max_abs_differences(hf_model: Any, config: T5Config, params: Any,
 
 
 # ------------------------------------------------------------------------------ BERT
-def load_hf_bert(checkpoint_dir: str):
+def load_hf_bert(checkpoint_dir: str, has_heads: bool):
     """transformers' BertForPreTraining (or BertModel for a checkpoint without heads)."""
     _require_torch()
     import transformers
 
-    from t5x_like.checkpoints import hf_bert
-
-    has_heads = any(k.startswith("cls.") for k in hf_bert.read_tensors(checkpoint_dir))
     cls = transformers.BertForPreTraining if has_heads else transformers.BertModel
     return cls.from_pretrained(checkpoint_dir, local_files_only=True).float().eval()
 
