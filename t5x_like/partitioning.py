@@ -318,7 +318,7 @@ def parameter_table(boxed_params: Any, shardings: Any) -> tuple[str, int]:
         names = box.names if isinstance(box, nn.Partitioned) else (None,) * len(value.shape)
         per_device = _bytes_per_device(value.shape, value.dtype, sharding)
         total += per_device
-        rows.append(("/".join(_path_key(path)).replace("/value", ""), str(tuple(value.shape)),
+        rows.append(("/".join(_path_key(path)).removesuffix("/value"), str(tuple(value.shape)),
                      str(tuple(names)), str(tuple(sharding.spec)), f"{per_device:,}"))
     header = ("parameter", "shape", "logical axes", "mesh axes", "bytes/device")
     widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]

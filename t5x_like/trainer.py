@@ -23,8 +23,10 @@ import orbax.checkpoint as ocp
 from jax.sharding import Mesh
 
 from t5x_like import partitioning
-from t5x_like.models.encoder_decoder import EncoderDecoderModel, unbox
-from t5x_like.models.t5 import T5Config
+from t5x_like.checkpoints import params_io
+from t5x_like.models import base
+from t5x_like.models.base import Model
+from t5x_like.models.encoder_decoder import unbox
 
 Batch = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]
@@ -66,7 +68,7 @@ class Layout:
             yield
 
 
-def make_layout(model: EncoderDecoderModel, optimizer: optax.GradientTransformation,
+def make_layout(model: Model, optimizer: optax.GradientTransformation,
                 mesh: Mesh, rules: partitioning.Rules) -> Layout:
     """Shardings of the whole train state, from abstract shapes only (nothing allocated)."""
     boxed = model.abstract_params()
@@ -78,7 +80,7 @@ def make_layout(model: EncoderDecoderModel, optimizer: optax.GradientTransformat
     return Layout(mesh, tuple(rules), shardings, boxed)
 
 
-def abstract_state(model: EncoderDecoderModel, optimizer: optax.GradientTransformation,
+def abstract_state(model: Model, optimizer: optax.GradientTransformation,
                    layout: Layout) -> TrainState:
     """ShapeDtypeStructs of the train state, carrying their shardings."""
     params = unbox(layout.boxed_params)
@@ -89,7 +91,7 @@ def abstract_state(model: EncoderDecoderModel, optimizer: optax.GradientTransfor
         layout.state_shardings)
 
 
-def init_state(model: EncoderDecoderModel, optimizer: optax.GradientTransformation,
+def init_state(model: Model, optimizer: optax.GradientTransformation,
                rng: jax.Array, layout: Layout) -> TrainState:
     """Fresh parameters and optimizer state, each created directly on its shards."""
 
@@ -123,7 +125,7 @@ def _split_microbatches(batch: Batch, num_microbatches: int) -> Batch:
     return jax.tree_util.tree_map(split, batch)
 
 
-def make_train_step(model: EncoderDecoderModel, optimizer: optax.GradientTransformation,
+def make_train_step(model: Model, optimizer: optax.GradientTransformation,
                     learning_rate_fn: optax.Schedule, layout: Layout,
                     num_microbatches: int = 1) -> Callable[[TrainState, Batch, jax.Array],
                                                             tuple[TrainState, Metrics]]:
@@ -133,11 +135,15 @@ def make_train_step(model: EncoderDecoderModel, optimizer: optax.GradientTransfo
     resumed run draws the same masks."""
 
     def grads_and_sums(params, batch, rng):
-        def summed_loss(p, b, r):
-            sums = model.loss_sums(p, b, r)
-            return sums["loss_sum"], sums
+        # Divisors from the whole batch, so each micro-batch's gradient is already its share
+        # of the full-batch gradient and the shares simply add up.
+        denominators = model.loss_denominators(batch)
 
-        grad_fn = jax.grad(summed_loss, has_aux=True)
+        def objective(p, b, r):
+            sums = model.loss_sums(p, b, r)
+            return base.objective(sums, denominators), sums
+
+        grad_fn = jax.grad(objective, has_aux=True)
         if num_microbatches <= 1:
             return grad_fn(params, batch, rng)
         micro = _split_microbatches(batch, num_microbatches)
@@ -150,8 +156,9 @@ def make_train_step(model: EncoderDecoderModel, optimizer: optax.GradientTransfo
                     jax.tree_util.tree_map(jnp.add, sums, s)), None
 
         zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
-        zero_sums = {k: jnp.zeros((), jnp.float32)
-                     for k in ("loss_sum", "z_loss_sum", "correct", "weight_sum")}
+        first = jax.tree_util.tree_map(lambda x: x[0], micro)
+        zero_sums = jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype),
+                                           jax.eval_shape(model.loss_sums, params, first, rng))
         (grads, sums), _ = jax.lax.scan(accumulate, (zeros, zero_sums),
                                         (micro, jnp.arange(num_microbatches)))
         return grads, sums
@@ -159,18 +166,11 @@ def make_train_step(model: EncoderDecoderModel, optimizer: optax.GradientTransfo
     def train_step(state: TrainState, batch: Batch, rng: jax.Array):
         dropout_rng = jax.random.fold_in(rng, state.step)
         grads, sums = grads_and_sums(state.params, batch, dropout_rng)
-        grads = jax.tree_util.tree_map(lambda g: g / model.normalizer(sums["weight_sum"]), grads)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        weight = jnp.maximum(sums["weight_sum"], 1.0)
-        metrics = {
-            "loss": sums["loss_sum"] / weight,  # per target token, whatever the normalisation
-            "accuracy": sums["correct"] / weight,
-            "z_loss": sums["z_loss_sum"] / weight,
-            "learning_rate": learning_rate_fn(state.step),
-            "grad_norm": optax.global_norm(grads),
-            "nonpadding_tokens": sums["weight_sum"],
-        }
+        metrics = {**model.metrics(sums),
+                   "learning_rate": learning_rate_fn(state.step),
+                   "grad_norm": optax.global_norm(grads)}
         return TrainState(state.step + 1, params, opt_state), metrics
 
     return jax.jit(
@@ -180,7 +180,7 @@ def make_train_step(model: EncoderDecoderModel, optimizer: optax.GradientTransfo
         donate_argnums=(0,))
 
 
-def make_eval_step(model: EncoderDecoderModel, layout: Layout) -> Callable[[Any, Batch], Metrics]:
+def make_eval_step(model: Model, layout: Layout) -> Callable[[Any, Batch], Metrics]:
     """Jitted metric sums for one batch (summed over batches, divided at the end)."""
     return jax.jit(model.loss_sums,
                    in_shardings=(layout.state_shardings.params, layout.batch_sharding),
@@ -205,7 +205,7 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def save(self, state: TrainState, config: T5Config) -> None:
+    def save(self, state: TrainState, config: Any) -> None:
         """Save now (asynchronously); the caller decides when."""
         self.manager.save(int(state.step), force=True, args=ocp.args.Composite(
             params=ocp.args.StandardSave(state.params),
@@ -221,11 +221,11 @@ class Checkpointer:
             opt_state=ocp.args.StandardRestore(abstract.opt_state)))
         return TrainState(jnp.array(step, jnp.int32), restored["params"], restored["opt_state"])
 
-    def restore_config(self, step: int | None = None) -> T5Config:
+    def restore_config(self, step: int | None = None) -> Any:
         step = self.latest_step() if step is None else step
         restored = self.manager.restore(step, args=ocp.args.Composite(
             config=ocp.args.JsonRestore()))
-        return T5Config(**restored["config"])
+        return params_io.config_from_json(restored["config"])
 
     def close(self) -> None:
         self.manager.wait_until_finished()

@@ -15,9 +15,10 @@ import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
+import seqio
 
 from t5x_like import decoding, losses
-from t5x_like.models import t5
+from t5x_like.models import base, t5
 
 Array = jax.Array
 Batch = Mapping[str, Array]
@@ -26,12 +27,16 @@ Params = Any
 
 @gin.configurable
 class EncoderDecoderModel:
-    """T5 with its loss, scoring and greedy decoding."""
+    """T5 with its loss, scoring and greedy decoding (a `base.Model`). Without a config it
+    builds `T5Config()`, i.e. whatever the model gin file bound."""
 
-    def __init__(self, config: t5.T5Config, label_smoothing: float = 0.0, z_loss: float = 0.0,
+    FEATURES = ("encoder_input_tokens", "encoder_segment_ids", "decoder_input_tokens",
+                "decoder_target_tokens", "decoder_loss_weights", "decoder_segment_ids")
+
+    def __init__(self, config: t5.T5Config | None = None, label_smoothing: float = 0.0, z_loss: float = 0.0,
                  loss_normalizing_factor: float | str | None = "num_real_target_tokens",
                  decoder_start_token_id: int = 0, eos_id: int = 1) -> None:
-        self.config = config
+        self.config = config = config if config is not None else t5.T5Config()
         self.module = t5.Transformer(config)
         self.label_smoothing = label_smoothing
         self.z_loss = z_loss
@@ -60,16 +65,23 @@ class EncoderDecoderModel:
             batch.get("encoder_segment_ids"), batch.get("decoder_segment_ids"),
             enable_dropout=dropout_rng is not None, rngs=rngs)
 
+    def feature_converter(self, pack: bool) -> seqio.FeatureConverter:
+        return seqio.EncDecFeatureConverter(pack=pack)
+
+    @staticmethod
+    def _loss_weights(batch: Batch) -> Array:
+        weights = batch.get("decoder_loss_weights")
+        if weights is None:
+            weights = batch["decoder_target_tokens"] > 0
+        return jnp.asarray(weights, jnp.float32)
+
     def loss_sums(self, params: Params, batch: Batch,
                   dropout_rng: Array | None = None) -> dict[str, Array]:
         """Un-normalised sums: loss, z-loss part, correct tokens and loss weight. Sums add up
         across micro-batches, so accumulation equals the full-batch step exactly."""
         logits = self.logits(params, batch, dropout_rng)
         targets = batch["decoder_target_tokens"]
-        weights = batch.get("decoder_loss_weights")
-        if weights is None:
-            weights = (targets > 0).astype(jnp.float32)
-        weights = weights.astype(jnp.float32)
+        weights = self._loss_weights(batch)
         token_loss, z_part = losses.cross_entropy_with_logits(
             logits, targets, weights, self.label_smoothing, self.z_loss)
         correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32) * weights
@@ -83,19 +95,28 @@ class EncoderDecoderModel:
     def normalizer(self, weight_sum: Array) -> Array:
         return losses.normalizing_factor(weight_sum, self.loss_normalizing_factor)
 
+    def loss_denominators(self, batch: Batch) -> dict[str, Array]:
+        """The summed loss (z-loss included) over `loss_normalizing_factor`."""
+        return {"loss_sum": self.normalizer(jnp.sum(self._loss_weights(batch)))}
+
+    def metrics(self, sums: Mapping[str, Array]) -> dict[str, Array]:
+        weight = jnp.maximum(sums["weight_sum"], 1.0)
+        return {"loss": sums["loss_sum"] / weight,  # per target token, whatever the normaliser
+                "accuracy": sums["correct"] / weight,
+                "z_loss": sums["z_loss_sum"] / weight,
+                "nonpadding_tokens": jnp.asarray(sums["weight_sum"])}
+
     def loss_fn(self, params: Params, batch: Batch,
                 dropout_rng: Array | None = None) -> tuple[Array, dict[str, Array]]:
         """Normalised training loss and the metrics' raw sums."""
         sums = self.loss_sums(params, batch, dropout_rng)
-        return sums["loss_sum"] / self.normalizer(sums["weight_sum"]), sums
+        return base.objective(sums, self.loss_denominators(batch)), sums
 
     def score_batch(self, params: Params, batch: Batch) -> Array:
         """Log-likelihood of each example's targets (summed over its target tokens)."""
         logits = self.logits(params, batch)
         targets = batch["decoder_target_tokens"]
-        weights = batch.get("decoder_loss_weights")
-        if weights is None:
-            weights = (targets > 0).astype(jnp.float32)
+        weights = self._loss_weights(batch)
         return jnp.sum(losses.token_log_likelihood(logits, targets) * weights, axis=-1)
 
     # ----------------------------------------------------------------------------- decoding
