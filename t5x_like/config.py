@@ -8,6 +8,7 @@ user, so nobody has to escape quotes in a shell.
 from __future__ import annotations
 
 import ast
+import os
 from typing import Sequence
 
 import gin
@@ -36,8 +37,22 @@ def quote_plain_string(binding: str) -> str:
         return f"{key}={stripped!r}"
 
 
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def register_configurables() -> None:
+    """Import every module that defines gin configurables, so any of them can be bound."""
+    import tasks  # noqa: F401  (bert_vocab_path, c4_files, text_corpus, ...)
+    from t5x_like import decoding, optimizers  # noqa: F401
+    from t5x_like.models import bert_models, encoder_decoder  # noqa: F401
+
+
 def parse_gin(gin_files: Sequence[str] = (), bindings: Sequence[str] = ()) -> None:
-    """Parse gin files, then bindings (later ones override earlier ones)."""
+    """Parse gin files, then bindings (later ones override earlier ones). `include` lines
+    may name files relative to the repository root, whatever the working directory."""
+    register_configurables()
+    if REPO_ROOT not in gin.config._LOCATION_PREFIXES:  # noqa: SLF001 - gin has no getter
+        gin.add_config_file_search_path(REPO_ROOT)
     gin.parse_config_files_and_bindings(
         list(gin_files), [quote_plain_string(b) for b in bindings], finalize_config=False)
 

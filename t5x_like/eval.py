@@ -8,6 +8,10 @@ A mixture evaluates every task in it that has metrics and the split. Output (def
 CHECKPOINT/eval): `<task>_<split>.jsonl` (inputs, prediction, score, target per example) and
 `metrics.json`. Decoding follows `DecodeConfig` (greedy unless bound otherwise, e.g.
 `--gin.DecodeConfig.method=beam --gin.DecodeConfig.beam_size=4 --gin.DecodeConfig.alpha=0.6`).
+
+A BERT fine-tuned head (`--gin.evaluate.model_class=@BertClassifierModel` and its
+`num_labels`, `@BertSpanModel` for SQuAD, ...) is scored on its predictions directly (class
+ids, scores, spans or tags), with `metrics.json` only.
 """
 
 from __future__ import annotations
@@ -15,26 +19,27 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import gin
 import jax
 import seqio
 
-from t5x_like import cli, decoding, evaluation, partitioning
+from t5x_like import classifier_eval, cli, decoding, evaluation, partitioning
 from t5x_like.checkpoints import params_io
 from t5x_like.config import ConfigError
+from t5x_like.models.base import Model
 from t5x_like.models.encoder_decoder import EncoderDecoderModel, unbox
-from t5x_like.models.t5 import T5Config
 
 
-def restore_model(checkpoint: str | None) -> tuple[EncoderDecoderModel, Any]:
+def restore_model(checkpoint: str | None,
+                  model_class: Callable[[], Model] = EncoderDecoderModel) -> tuple[Model, Any]:
     """The gin-configured model and the checkpoint's parameters, sharded over all devices by
     the configured mesh and rules (checked against the checkpoint's config first)."""
     if not checkpoint:
         raise ConfigError("No checkpoint: pass --gin.CHECKPOINT=/path/to/MODEL_DIR (or a "
                           "directory written by python -m t5x_like.convert).")
-    model = EncoderDecoderModel(T5Config())
+    model = model_class()
     mesh = partitioning.make_mesh()
     rules = partitioning.logical_axis_rules(num_partitions=partitioning.model_axis_size(mesh))
     boxed = model.abstract_params()
@@ -55,7 +60,9 @@ def evaluate(checkpoint: str | None = None, task: str = "glue_v002_proportional"
              task_feature_lengths: Mapping[str, int] = (("inputs", 512), ("targets", 114)),
              batch_size: int = 32, max_examples: int | None = None,
              output_dir: str | None = None,
-             tfds_data_dir: str | None = None) -> dict[str, dict[str, float]]:
+             tfds_data_dir: str | None = None,
+             model_class: Callable[[], Model] = EncoderDecoderModel,
+             ) -> dict[str, dict[str, float]]:
     """Metrics per task; predictions and metrics written under `output_dir`."""
     feature_lengths = dict(task_feature_lengths)
     if tfds_data_dir:
@@ -63,11 +70,20 @@ def evaluate(checkpoint: str | None = None, task: str = "glue_v002_proportional"
     task_names = evaluation.evaluable_tasks(task, split)
     if not task_names:
         raise ConfigError(f"{task!r} has no task with metrics and a {split!r} split.")
-    model, params = restore_model(checkpoint)
+    model, params = restore_model(checkpoint, model_class)
     output_dir = output_dir or default_output_dir(checkpoint, "eval")
+    results = {}
+    if not hasattr(model, "predict_batch"):  # a BERT head
+        for name in task_names:
+            results[name] = classifier_eval.evaluate_task(model, params, name, split,
+                                                          feature_lengths, batch_size,
+                                                          max_examples)
+            print(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in results[name].items()),
+                  flush=True)
+        _write_metrics(output_dir, results)
+        return results
     predict_fn = evaluation.make_predict_fn(model, feature_lengths["targets"],
                                             decoding.DecodeConfig())
-    results = {}
     for name in task_names:
         metrics, predictions = evaluation.evaluate_task(predict_fn, params, name, split,
                                                         feature_lengths, batch_size,
@@ -78,10 +94,15 @@ def evaluate(checkpoint: str | None = None, task: str = "glue_v002_proportional"
                                    (p.to_json() for p in predictions))
         print(f"{name} ({len(predictions)} examples): " +
               ", ".join(f"{k} {v:.2f}" for k, v in metrics.items()), flush=True)
+    _write_metrics(output_dir, results)
+    return results
+
+
+def _write_metrics(output_dir: str, results: Mapping[str, Mapping[str, float]]) -> None:
     if jax.process_index() == 0:
+        os.makedirs(output_dir, exist_ok=True)
         with open(os.path.join(output_dir, "metrics.json"), "w") as f:
             json.dump(results, f, indent=2)
-    return results
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,6 +19,7 @@ from t5x_like.config import ConfigError
 
 MODEL_FEATURES = ("encoder_input_tokens", "encoder_segment_ids", "decoder_input_tokens",
                   "decoder_target_tokens", "decoder_loss_weights", "decoder_segment_ids")
+# (T5's; another model family passes `model=` and brings its own converter and features)
 
 
 def resolve_task(name: str) -> seqio.Task | seqio.Mixture:
@@ -83,8 +84,20 @@ def check_data_available(task_or_mixture: seqio.Task | seqio.Mixture, split: str
 
 
 def check_vocabulary(task_or_mixture: seqio.Task | seqio.Mixture, model_vocab_size: int) -> None:
+    """The task's ids must fit the model's embedding. A WordPiece vocab.txt must match it
+    exactly: its line numbers are the ids, so another file of any size means other words."""
+    from t5x_like.data.wordpiece import WordPieceVocabulary
+
     for task in _tasks_of(task_or_mixture):
         for key, feature in task.output_features.items():
+            vocab = feature.vocabulary
+            if isinstance(vocab, WordPieceVocabulary) and vocab.vocab_size != model_vocab_size:
+                raise ConfigError(
+                    f"Task {task.name!r} reads the WordPiece vocabulary {vocab.vocab_path} "
+                    f"({vocab.vocab_size} pieces) but the model has {model_vocab_size} token "
+                    "embeddings. Use the checkpoint's own vocab.txt "
+                    "(--gin.bert_vocab_path.path=DIR/vocab.txt) or a model gin file with "
+                    f"BertConfig.vocab_size = {vocab.vocab_size}.")
             if feature.vocabulary.vocab_size > model_vocab_size:
                 raise ConfigError(
                     f"Task {task.name!r} feature {key!r} uses a vocabulary of "
@@ -93,10 +106,44 @@ def check_vocabulary(task_or_mixture: seqio.Task | seqio.Mixture, model_vocab_si
                     f"{feature.vocabulary.vocab_size} (T5 pads 32100 to 32128).")
 
 
+def check_num_labels(task_or_mixture: seqio.Task | seqio.Mixture, model) -> None:
+    """A fine-tuning head must have as many outputs as the task has labels."""
+    from tasks import bert
+
+    wanted = getattr(model, "num_labels", None)
+    for task in _tasks_of(task_or_mixture):
+        labels = bert.NUM_LABELS.get(task.name)
+        if wanted is not None and labels is not None and labels != wanted:
+            kind = "1 (regression)" if labels == 1 else str(labels)
+            raise ConfigError(
+                f"Task {task.name!r} has {kind} labels but the model's head has {wanted} "
+                f"outputs; bind {type(model).__name__}.num_labels = {labels}.")
+
+
+def steps_for_epochs(task_or_mixture: seqio.Task | seqio.Mixture, epochs: float,
+                     batch_size: int) -> int:
+    """Training steps for `epochs` passes over the train split (the reference's
+    int(num_examples / batch_size * epochs)), from the dataset's own example count."""
+    total = 0
+    for task in _tasks_of(task_or_mixture):
+        try:
+            count = task.source.num_input_examples("train")
+        except Exception as e:  # noqa: BLE001 - sources that cannot count say so differently
+            count, why = None, f" ({e})"
+        else:
+            why = ""
+        if not count:
+            raise ConfigError(f"Task {task.name!r} cannot count its training examples{why}; "
+                              "set train.train_steps instead of train.train_epochs.")
+        total += count
+    return max(1, int(total / batch_size * epochs))
+
+
 def get_dataset(task_name: str, task_feature_lengths: Mapping[str, int], batch_size: int,
                 split: str, shuffle: bool, seed: int | None, num_epochs: int | None,
-                pack: bool = True) -> tf.data.Dataset:
-    """Batches of this process's share of the global batch, with the model's features only."""
+                pack: bool = True, model=None) -> tf.data.Dataset:
+    """Batches of this process's share of the global batch, with the model's features only
+    (T5's unless `model` brings its own feature converter and feature names)."""
     resolve_task(task_name)
     process_count = jax.process_count()
     if batch_size % process_count:
@@ -104,9 +151,11 @@ def get_dataset(task_name: str, task_feature_lengths: Mapping[str, int], batch_s
                          "processes.")
     ds = seqio.get_dataset(
         task_name, task_feature_lengths=dict(task_feature_lengths),
-        feature_converter=seqio.EncDecFeatureConverter(pack=pack), dataset_split=split,
+        feature_converter=(model.feature_converter(pack) if model is not None
+                           else seqio.EncDecFeatureConverter(pack=pack)), dataset_split=split,
         shuffle=shuffle, num_epochs=num_epochs, seed=seed,
         shard_info=seqio.ShardInfo(jax.process_index(), process_count),
         batch_size=batch_size // process_count)
-    return ds.map(lambda ex: {k: ex[k] for k in MODEL_FEATURES if k in ex},
+    features = model.FEATURES if model is not None else MODEL_FEATURES
+    return ds.map(lambda ex: {k: ex[k] for k in features if k in ex},
                   num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)

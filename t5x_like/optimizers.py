@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -80,20 +81,50 @@ def t5_adafactor(learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransfo
     ))
 
 
-SCHEDULES = ("inverse_sqrt", "constant")
+SCHEDULES = ("inverse_sqrt", "constant", "linear_decay")
 
 
 def learning_rate_schedule(name: str = "inverse_sqrt", warmup_steps: int = 10_000,
-                           scale: float = 1.0, constant: float = 0.001) -> optax.Schedule:
-    """The paper's two schedules: pretraining's 1/sqrt(max(step, k)) and fine-tuning's constant
-    0.001 (section 3.1.2)."""
+                           scale: float = 1.0, constant: float = 0.001, peak: float = 1e-4,
+                           total_steps: int = 1_000_000) -> optax.Schedule:
+    """T5's two schedules, pretraining's 1/sqrt(max(step, k)) and fine-tuning's constant 0.001
+    (section 3.1.2), and BERT's linear warm-up to `peak` then linear decay to 0 at
+    `total_steps` ('linear_decay')."""
     if name == "inverse_sqrt":
         return inverse_sqrt_schedule(warmup_steps, scale)
     if name == "constant":
         return optax.constant_schedule(constant)
+    if name == "linear_decay":
+        return bert_learning_rate(peak, total_steps, warmup_steps)
     from t5x_like.config import ConfigError
 
     raise ConfigError(f"train.learning_rate_schedule={name!r}; choose one of {SCHEDULES}.")
+
+
+OPTIMIZERS = ("adafactor", "adamw")
+
+
+def make_optimizer(name: str, learning_rate: optax.Schedule,
+                   frozen_modules: Sequence[str] = ()) -> optax.GradientTransformation:
+    """T5's Adafactor or BERT's AdamW (settings from gin: `bert_adamw.weight_decay`, ...).
+    Top-level modules named in `frozen_modules` get no update at all (no weight decay either,
+    and no optimizer state): BERT's feature-based approach."""
+    if name == "adafactor":
+        tx = t5_adafactor(learning_rate)
+    elif name == "adamw":
+        tx = bert_adamw(learning_rate)
+    else:
+        from t5x_like.config import ConfigError
+
+        raise ConfigError(f"train.optimizer={name!r}; choose one of {OPTIMIZERS}.")
+    if not frozen_modules:
+        return tx
+
+    def labels(params):
+        return {k: jax.tree_util.tree_map(lambda _, k=k: "frozen" if k in frozen_modules
+                                          else "trained", v) for k, v in params.items()}
+
+    return optax.multi_transform({"trained": tx, "frozen": optax.set_to_zero()}, labels)
 
 
 # ------------------------------------------------------------------------------ BERT
@@ -124,6 +155,7 @@ def no_decay_on_norms_and_biases(params) -> object:
     return jax.tree_util.tree_map_with_path(decays, params)
 
 
+@gin.configurable(denylist=["learning_rate"])
 def bert_adamw(learning_rate: optax.ScalarOrSchedule, weight_decay: float = 0.01,
                b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6,
                clip_norm: float | None = 1.0) -> optax.GradientTransformation:

@@ -1,4 +1,4 @@
-"""Train a T5 model from gin files.
+"""Train a model (T5, or BERT with `train.model_class`) from gin files.
 
     python -m t5x_like.train --gin_file=gin_configs/models/t5_1_1/small.gin \\
         --gin_file=gin_configs/runs/pretrain.gin --gin.MODEL_DIR=/tmp/run --gin.TRAIN_STEPS=1000
@@ -15,7 +15,7 @@ import json
 import os
 import sys
 import time
-from typing import Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import gin
 import jax
@@ -25,11 +25,11 @@ from clu import metric_writers
 from tqdm import tqdm
 
 from t5x_like import config as config_lib
-from t5x_like import (cli, decoding, evaluation, input_pipeline, optimizers, partitioning,
-                      trainer)
+from t5x_like import (cli, classifier_eval, decoding, evaluation, input_pipeline, optimizers,
+                      partitioning, trainer)
 from t5x_like.checkpoints import params_io
+from t5x_like.models.base import Model
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
-from t5x_like.models.t5 import T5Config
 
 
 def _check_model_dir(model_dir: str | None) -> str:
@@ -48,7 +48,7 @@ def _check_model_dir(model_dir: str | None) -> str:
     return model_dir
 
 
-def _check_resume_config(checkpointer: trainer.Checkpointer, cfg: T5Config) -> None:
+def _check_resume_config(checkpointer: trainer.Checkpointer, cfg) -> None:
     saved = checkpointer.restore_config()
     if saved != cfg:
         diffs = [f"{k}: checkpoint {v!r} vs config {getattr(cfg, k)!r}"
@@ -90,6 +90,12 @@ def train(
     metrics_eval_every: int = 0,
     metrics_eval_examples: int | None = None,
     metrics_eval_batch_size: int = 32,
+    model_class: Callable[[], Model] = EncoderDecoderModel,
+    optimizer: str = "adafactor",
+    peak_learning_rate: float = 1e-4,
+    phases: Sequence[tuple[float, Mapping[str, int]]] | None = None,
+    train_epochs: float | None = None,
+    warmup_proportion: float | None = None,
 ) -> trainer.TrainState:
     """Pretrain or fine-tune, and return the final train state.
 
@@ -101,8 +107,18 @@ def train(
     the best parameters per task in MODEL_DIR/best/<task>. Exact data-order resume comes later:
     a resumed run reseeds the data pipeline with the step, so it sees fresh examples rather than
     the killed run's next ones.
+
+    Other families: `model_class` builds the model (`@BertPretrainingModel`,
+    `@BertClassifierModel`, ...); `optimizer='adamw'` with `learning_rate_schedule=
+    'linear_decay'` is BERT's (peak `peak_learning_rate`, `warmup_steps` linear warm-up, linear
+    decay to 0 at `train_steps`). `phases` runs the steps in phases of different lengths, e.g.
+    BERT's ((0.9, {'inputs': 128, 'targets': 20}), (1.0, {'inputs': 512, 'targets': 80})): each
+    pair is (fraction of train_steps where the phase ends, task_feature_lengths); a resumed run
+    continues in the phase its step falls in, with the same parameters and optimizer state.
+    BERT's fine-tuning recipes count in epochs: `train_epochs` sets train_steps to
+    epochs x (the train split's examples) / batch_size and `warmup_proportion` sets
+    warmup_steps to that share of them (the reference's 0.1).
     """
-    feature_lengths = dict(task_feature_lengths)
 
     # --- checks, before anything expensive -----------------------------------------------
     model_dir = _check_model_dir(model_dir)
@@ -110,18 +126,25 @@ def train(
         seqio.set_tfds_data_dir_override(tfds_data_dir)
     task_obj = input_pipeline.resolve_task(task)
     input_pipeline.check_data_available(task_obj, "train")
-    model = EncoderDecoderModel(T5Config())
+    if train_epochs:
+        train_steps = input_pipeline.steps_for_epochs(task_obj, train_epochs, batch_size)
+    if warmup_proportion is not None:
+        warmup_steps = int(train_steps * warmup_proportion)
+    phase_plan = _phase_plan(phases, task_feature_lengths, train_steps)
+    model = model_class()
     cfg = model.config
     input_pipeline.check_vocabulary(task_obj, cfg.vocab_size)
+    input_pipeline.check_num_labels(task_obj, model)
     mesh = partitioning.make_mesh()
     rules = partitioning.logical_axis_rules(num_partitions=partitioning.model_axis_size(mesh))
     partitioning.check_rules_match_mesh(rules, mesh)
     partitioning.check_batch_size(batch_size, mesh, num_microbatches, rules)
     lr_fn = optimizers.learning_rate_schedule(learning_rate_schedule, warmup_steps,
-                                              learning_rate_scale, constant_learning_rate)
-    optimizer = optimizers.t5_adafactor(lr_fn)
-    layout = trainer.make_layout(model, optimizer, mesh, rules)  # abstract: cheap
-    abstract = trainer.abstract_state(model, optimizer, layout)
+                                              learning_rate_scale, constant_learning_rate,
+                                              peak_learning_rate, train_steps)
+    tx = optimizers.make_optimizer(optimizer, lr_fn, getattr(model, "frozen_modules", ()))
+    layout = trainer.make_layout(model, tx, mesh, rules)  # abstract: cheap
+    abstract = trainer.abstract_state(model, tx, layout)
     checkpointer = trainer.Checkpointer(model_dir, keep_checkpoints)
     start_step = checkpointer.latest_step() or 0
     if start_step:
@@ -130,7 +153,7 @@ def train(
         params_io.check_compatible(
             params_io.restore_config(params_io.checkpoint_directory(init_checkpoint)), cfg,
             init_checkpoint)
-    eval_tasks = (evaluation.evaluable_tasks(task) if metrics_eval_every else [])
+    eval_tasks = evaluation.evaluable_tasks(task) if metrics_eval_every else []
 
     print(f"Operative config (saved to {model_dir}/config.gin):\n{gin.operative_config_str()}",
           flush=True)
@@ -143,10 +166,15 @@ def train(
     _write_text(os.path.join(model_dir, "partitioning.txt"), report + "\n")
 
     # --- data --------------------------------------------------------------------------
-    train_ds = input_pipeline.get_dataset(task, feature_lengths, batch_size, "train",
-                                          shuffle=True, seed=seed + start_step, num_epochs=None,
-                                          pack=pack)
-    train_iter = train_ds.as_numpy_iterator()
+    def train_batches(phase_index: int, step: int) -> Iterator[dict[str, np.ndarray]]:
+        ds = input_pipeline.get_dataset(task, phase_plan[phase_index][1], batch_size, "train",
+                                        shuffle=True, seed=seed + step, num_epochs=None,
+                                        pack=pack, model=model)
+        return ds.as_numpy_iterator()
+
+    phase = _phase_at(phase_plan, start_step)
+    feature_lengths = dict(phase_plan[phase][1])
+    train_iter = train_batches(phase, start_step)
 
     # --- model state ----------------------------------------------------------------------
     rng = jax.random.key(seed)
@@ -154,12 +182,14 @@ def train(
         state = checkpointer.restore(abstract, start_step)
         _log(f"Resumed from the checkpoint at step {start_step} in {checkpointer.directory}")
     elif init_checkpoint:
-        params = params_io.load_pretrained(init_checkpoint, cfg, abstract.params)
-        state = trainer.state_from_params(params, optimizer, layout)
+        params = params_io.load_pretrained(
+            init_checkpoint, cfg, abstract.params,
+            fresh_params=lambda: trainer.init_state(model, tx, rng, layout).params)
+        state = trainer.state_from_params(params, tx, layout)
         _log(f"Fine-tuning from the parameters in {init_checkpoint}")
     else:
-        state = trainer.init_state(model, optimizer, rng, layout)
-    train_step = trainer.make_train_step(model, optimizer, lr_fn, layout, num_microbatches)
+        state = trainer.init_state(model, tx, rng, layout)
+    train_step = trainer.make_train_step(model, tx, lr_fn, layout, num_microbatches)
     eval_step = trainer.make_eval_step(model, layout)
 
     writer = metric_writers.create_default_writer(
@@ -175,6 +205,13 @@ def train(
     window_start = time.perf_counter()
     step = start_step
     while step < train_steps:
+        if _phase_at(phase_plan, step) != phase:
+            phase = _phase_at(phase_plan, step)
+            feature_lengths = dict(phase_plan[phase][1])
+            tokens_per_batch = batch_size * sum(feature_lengths.values())
+            train_iter, eval_data = train_batches(phase, step), None
+            _log(f"step {step:>7}  phase {phase + 1} of {len(phase_plan)}: task feature lengths "
+                 f"{feature_lengths}")
         batch = layout.global_batch(next(train_iter))
         with layout.context():
             state, metrics = train_step(state, batch, rng)
@@ -187,20 +224,17 @@ def train(
             summary["tokens_per_s"] = tokens_per_batch * len(window) / elapsed
             writer.write_scalars(step, {f"train/{k}": v for k, v in summary.items()})
             bar.set_postfix(loss=f"{summary['loss']:.3f}", refresh=False)
-            _log(f"step {step:>7}  loss {summary['loss']:.4f}  "
-                 f"accuracy {summary['accuracy']:.3f}  lr {summary['learning_rate']:.2e}  "
-                 f"tokens/s {summary['tokens_per_s']:,.0f}")
+            _log(f"step {step:>7}  " + _format_metrics(summary))
             window, window_start = [], time.perf_counter()
         if eval_every and (step % eval_every == 0 or step == train_steps):
             if eval_data is None:
                 eval_data = load_eval_batches(task, feature_lengths, batch_size, eval_batches,
-                                              pack)
+                                              pack, model)
             with layout.context():
-                eval_metrics = evaluate(eval_step, state.params, eval_data, layout)
+                eval_metrics = evaluate(eval_step, state.params, eval_data, layout, model)
             if eval_metrics:
                 writer.write_scalars(step, {f"eval/{k}": v for k, v in eval_metrics.items()})
-                _log(f"step {step:>7}  eval loss {eval_metrics['loss']:.4f}  "
-                     f"eval accuracy {eval_metrics['accuracy']:.3f}")
+                _log(f"step {step:>7}  eval " + _format_metrics(eval_metrics))
         if eval_tasks and (step % metrics_eval_every == 0 or step == train_steps):
             task_metrics = _evaluate_tasks(model, state.params, eval_tasks, feature_lengths,
                                            metrics_eval_batch_size, metrics_eval_examples)
@@ -216,16 +250,21 @@ def train(
     checkpointer.close()
     writer.flush()
 
-    if num_predictions and jax.process_index() == 0:
+    if num_predictions and jax.process_index() == 0 and hasattr(model, "predict_batch"):
         show_predictions(model, jax.device_get(state.params), task, feature_lengths,
                          num_predictions)
     return state
 
 
-def _evaluate_tasks(model: EncoderDecoderModel, params, task_names: Sequence[str],
+def _evaluate_tasks(model: Model, params, task_names: Sequence[str],
                     feature_lengths: Mapping[str, int], batch_size: int,
                     max_examples: int | None) -> dict[str, dict[str, float]]:
-    """Decode (DecodeConfig from gin; greedy by default) and score each task's validation set."""
+    """Score each task's validation set with its metrics: decoded text (DecodeConfig from gin;
+    greedy by default) for text-to-text models, the head's predictions for BERT's."""
+    if not hasattr(model, "predict_batch"):
+        return {name: classifier_eval.evaluate_task(model, params, name, "validation",
+                                                    feature_lengths, batch_size, max_examples)
+                for name in task_names}
     predict_fn = evaluation.make_predict_fn(model, feature_lengths["targets"],
                                             decoding.DecodeConfig())
     return {name: evaluation.evaluate_task(predict_fn, params, name, "validation",
@@ -245,7 +284,7 @@ class BestCheckpoints:
             with open(record) as f:
                 self.best = json.load(f)
 
-    def update(self, step: int, params, cfg: T5Config,
+    def update(self, step: int, params, cfg,
                task_metrics: Mapping[str, Mapping[str, float]]) -> None:
         changed = False
         for name, values in task_metrics.items():
@@ -275,20 +314,59 @@ def _mean_metrics(window: Sequence[dict[str, jax.Array]]) -> dict[str, float]:
     return {k: float(np.mean([m[k] for m in stacked])) for k in stacked[0]}
 
 
+def _format_metrics(summary: Mapping[str, float]) -> str:
+    """loss and accuracy first, then the family's own (nsp_loss, ...), rate and speed last."""
+    shown = ("loss", "accuracy", *sorted(k for k in summary if k not in (
+        "loss", "accuracy", "learning_rate", "tokens_per_s", "grad_norm", "nonpadding_tokens",
+        "masked_tokens", "examples")), "learning_rate", "tokens_per_s")
+    parts = []
+    for key in shown:
+        if key in summary:
+            value = summary[key]
+            text = (f"{value:.2e}" if key == "learning_rate" else f"{value:,.0f}"
+                    if key == "tokens_per_s" else f"{value:.4f}")
+            parts.append(f"{key.replace('_per_s', '/s')} {text}")
+    return "  ".join(parts)
+
+
+def _phase_plan(phases: Sequence[tuple[float, Mapping[str, int]]] | None,
+                task_feature_lengths: Mapping[str, int],
+                train_steps: int) -> list[tuple[int, dict[str, int]]]:
+    """[(last step of the phase (exclusive), task_feature_lengths)], checked."""
+    if not phases:
+        return [(train_steps, dict(task_feature_lengths))]
+    plan, previous = [], 0.0
+    for fraction, lengths in phases:
+        if not previous < float(fraction) <= 1.0:
+            raise config_lib.ConfigError(
+                f"train.phases: the end fractions must increase within (0, 1], got {phases}.")
+        plan.append((int(round(float(fraction) * train_steps)), dict(lengths)))
+        previous = float(fraction)
+    if previous != 1.0:
+        raise config_lib.ConfigError(f"train.phases: the last phase must end at 1.0, got "
+                                     f"{previous}.")
+    return plan
+
+
+def _phase_at(plan: Sequence[tuple[int, Mapping[str, int]]], step: int) -> int:
+    return next((i for i, (end, _) in enumerate(plan) if step < end), len(plan) - 1)
+
+
 def load_eval_batches(task: str, feature_lengths: Mapping[str, int], batch_size: int,
-                      num_batches: int, pack: bool) -> list[dict[str, np.ndarray]]:
+                      num_batches: int, pack: bool,
+                      model: Model | None = None) -> list[dict[str, np.ndarray]]:
     """The first `num_batches` validation batches, read once and reused at every evaluation
     (a fixed set, so evaluations are comparable); empty if the task has no validation split."""
     if "validation" not in input_pipeline.resolve_task(task).splits:
         return []
     ds = input_pipeline.get_dataset(task, feature_lengths, batch_size, "validation",
-                                    shuffle=False, seed=0, num_epochs=1, pack=pack)
+                                    shuffle=False, seed=0, num_epochs=1, pack=pack, model=model)
     return list(ds.take(num_batches).as_numpy_iterator())
 
 
 def evaluate(eval_step, params, batches: Sequence[dict[str, np.ndarray]],
-             layout: trainer.Layout) -> dict[str, float]:
-    """Per-token loss and accuracy over `batches`."""
+             layout: trainer.Layout, model: Model) -> dict[str, float]:
+    """The model's metrics (loss, accuracy, ...) over all of `batches` together."""
     totals: dict[str, float] = {}
     for batch in batches:
         sums = jax.device_get(eval_step(params, layout.global_batch(batch)))
@@ -296,8 +374,7 @@ def evaluate(eval_step, params, batches: Sequence[dict[str, np.ndarray]],
             totals[k] = totals.get(k, 0.0) + float(v)
     if not totals:
         return {}
-    weight = max(totals["weight_sum"], 1.0)
-    return {"loss": totals["loss_sum"] / weight, "accuracy": totals["correct"] / weight}
+    return {k: float(v) for k, v in model.metrics(totals).items()}
 
 
 def show_predictions(model: EncoderDecoderModel, params, task: str,

@@ -7,7 +7,7 @@ of another size or vocabulary is refused with a message instead of a shape error
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 import orbax.checkpoint as ocp
 
@@ -33,14 +33,17 @@ def save_params(directory: str, params: Params, config: T5Config, step: int = 0,
 
 
 def restore_config(directory: str, step: int | None = None) -> Any:
-    """The model config saved beside the parameters: a T5Config, or a BertConfig for a
-    checkpoint whose config says `"family": "bert"`."""
+    """The model config saved beside the parameters (see `config_from_json`)."""
     with _manager(directory) as manager:
         step = manager.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"No checkpoint in {directory}.")
         restored = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))
-    data = restored["config"]
+    return config_from_json(restored["config"])
+
+
+def config_from_json(data: dict) -> Any:
+    """A T5Config, or a BertConfig for a config that says `"family": "bert"`."""
     if data.get("family") == "bert":
         from t5x_like.models.bert import BertConfig
 
@@ -77,19 +80,29 @@ def checkpoint_directory(path: str) -> str:
 
 def check_compatible(saved: T5Config, config: T5Config, where: str) -> None:
     """Refuse a checkpoint of another architecture or vocabulary before loading anything."""
-    diffs = [f"{k}: checkpoint {getattr(saved, k)!r} vs config {getattr(config, k)!r}"
-             for k in ARCHITECTURE_FIELDS if getattr(saved, k) != getattr(config, k)]
-    if diffs:
-        from t5x_like.config import ConfigError
+    from t5x_like.config import ConfigError
 
+    if type(saved) is not type(config):
+        raise ConfigError(f"The checkpoint in {where} is a {type(saved).__name__} model, not a "
+                          f"{type(config).__name__} one; use a model gin file of its family.")
+    fields = getattr(type(config), "ARCHITECTURE_FIELDS", ARCHITECTURE_FIELDS)
+    diffs = [f"{k}: checkpoint {getattr(saved, k)!r} vs config {getattr(config, k)!r}"
+             for k in fields if getattr(saved, k) != getattr(config, k)]
+    if diffs:
         raise ConfigError(f"The checkpoint in {where} does not fit this model ({'; '.join(diffs)}"
                           "). Use the checkpoint's model gin file (or its vocabulary).")
 
 
-def load_pretrained(path: str, config: T5Config, abstract_params: Params,
-                    step: int | None = None) -> Params:
+def load_pretrained(path: str, config: Any, abstract_params: Params,
+                    step: int | None = None,
+                    fresh_params: Callable[[], Params] | None = None) -> Params:
     """Parameters of a pretrained checkpoint for `config`, checked first, restored onto the
-    shardings of `abstract_params`."""
+    shardings of `abstract_params`.
+
+    When the model has parts the checkpoint lacks (a fine-tuning head on a pretrained BERT),
+    the top-level modules the two share are taken from the checkpoint and the rest from
+    `fresh_params()`; parts of the checkpoint the model does not use (BERT's pretraining
+    heads) are dropped. Which is which is printed."""
     directory = checkpoint_directory(path)
     try:
         saved = restore_config(directory, step)
@@ -99,4 +112,47 @@ def load_pretrained(path: str, config: T5Config, abstract_params: Params,
         raise ConfigError(f"No checkpoint in {directory}: give a run's MODEL_DIR or a "
                           "checkpoint directory (python -m t5x_like.convert writes one).") from e
     check_compatible(saved, config, directory)
-    return restore_params(directory, abstract_params, step)
+    saved_tree = _saved_structure(directory, step)
+    if set(saved_tree) == set(abstract_params) or fresh_params is None:
+        return restore_params(directory, abstract_params, step)
+    return _graft(directory, step, saved_tree, abstract_params, fresh_params)
+
+
+def restore_saved_params(directory: str, step: int | None = None) -> Params:
+    """All the parameters a checkpoint holds, whatever model wrote them, on one device (for
+    export and inspection)."""
+    import jax
+
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree_util.tree_map(
+        lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=device),
+        _saved_structure(directory, step))
+    return restore_params(directory, abstract, step)
+
+
+def _saved_structure(directory: str, step: int | None) -> dict:
+    """The saved parameter tree's shapes and dtypes (orbax metadata; no array is read)."""
+    handlers = {"params": ocp.StandardCheckpointHandler()}
+    with ocp.CheckpointManager(os.path.abspath(directory), item_handlers=handlers) as manager:
+        step = manager.latest_step() if step is None else step
+        metadata = manager.item_metadata(step)
+    tree = metadata["params"]
+    return dict(getattr(tree, "tree", tree))
+
+
+def _graft(directory: str, step: int | None, saved_tree: dict, abstract_params: Params,
+           fresh_params: Callable[[], Params]) -> Params:
+    from t5x_like.config import ConfigError
+
+    shared = [k for k in abstract_params if k in saved_tree]
+    if not shared:
+        raise ConfigError(f"The checkpoint in {directory} shares no module with this model "
+                          f"(checkpoint: {sorted(saved_tree)}; model: {sorted(abstract_params)}).")
+    restored = restore_params(directory, {k: abstract_params[k] for k in shared}, step)
+    params = dict(fresh_params())
+    params.update(restored)
+    new = sorted(k for k in abstract_params if k not in saved_tree)
+    dropped = sorted(k for k in saved_tree if k not in abstract_params)
+    print(f"From {directory}: {', '.join(shared)}; newly initialised: {', '.join(new) or '-'}; "
+          f"unused from the checkpoint: {', '.join(dropped) or '-'}", flush=True)
+    return params
