@@ -7,8 +7,11 @@ DIR holds `config.json` and `model.safetensors` (or a sharded index; BERT also r
 `pytorch_model.bin` with torch's weights-only loader, which cannot run code). The family (T5 or
 BERT) comes from config.json's `model_type`. `--verify` runs transformers' PyTorch model and ours
 on the same batch, prints `max_abs_logit_diff=<x>` and exits non-zero (writing nothing) when a
-difference exceeds 1e-4. `--to_hf` exports a BERT checkpoint (e.g. fine-tuned here) in
-HuggingFace's BertForPreTraining layout, for serving elsewhere.
+difference exceeds 1e-4. `--to_hf` exports a BERT checkpoint in HuggingFace's layout for
+serving elsewhere: BertForPreTraining for a pretraining run, BertForQuestionAnswering for a
+SQuAD model, BertForSequenceClassification for a classifier (or, with `--hf_architecture`,
+BertForMultipleChoice / BertForTokenClassification); fine-tuned HF checkpoints of those
+classes import too.
 """
 
 from __future__ import annotations
@@ -58,10 +61,10 @@ def _export(args: argparse.Namespace) -> int:
         print("error: --to_hf exports BERT checkpoints; this one is a T5 model.",
               file=sys.stderr)
         return 2
-    abstract = hf_bert.expected_params(config)
-    params = jax.device_get(params_io.restore_params(directory, abstract))
-    hf_bert.save_hf_checkpoint(args.to_hf, params, config)
-    print(f"Wrote {args.to_hf} (config.json + model.safetensors, BertForPreTraining layout)")
+    params = jax.device_get(params_io.restore_saved_params(directory))
+    architecture = hf_bert.save_hf_checkpoint(args.to_hf, params, config,
+                                              args.hf_architecture)
+    print(f"Wrote {args.to_hf} (config.json + model.safetensors, {architecture} layout)")
     return 0
 
 
@@ -74,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from_ckpt", help="our checkpoint (a run's MODEL_DIR or a converted "
                                             "directory) to export")
     parser.add_argument("--to_hf", help="output HuggingFace directory (with --from_ckpt)")
+    parser.add_argument("--hf_architecture", choices=(
+        "BertForSequenceClassification", "BertForMultipleChoice", "BertForTokenClassification"),
+        help="HF class of an exported `classifier` head (default: sequence classification)")
     args = parser.parse_args(argv)
     try:
         if args.from_hf and args.to:

@@ -106,6 +106,8 @@ def normalize_answer(text: str) -> str:
 
 def _token_f1(target: str, prediction: str) -> float:
     truth, guess = normalize_answer(target).split(), normalize_answer(prediction).split()
+    if not truth or not guess:  # SQuAD v2.0's rule for "no answer" on either side
+        return float(truth == guess)
     common = collections.Counter(truth) & collections.Counter(guess)
     same = sum(common.values())
     if same == 0:
@@ -115,7 +117,10 @@ def _token_f1(target: str, prediction: str) -> float:
 
 
 def squad(targets: Sequence[Sequence[str]], predictions: Sequence[str]) -> dict[str, float]:
-    """SQuAD v1.1 EM and F1: each prediction scored against its best-matching gold answer."""
+    """SQuAD EM and F1: each prediction scored against its best-matching gold answer. For
+    v2.0, an unanswerable question has no gold answers and is right only when the prediction
+    is empty ("no answer"), as the official v2.0 script scores it."""
+    targets = [list(answers) or [""] for answers in targets]
     em = [max(float(normalize_answer(a) == normalize_answer(p)) for a in answers)
           for answers, p in zip(targets, predictions)]
     f1s = [max(_token_f1(a, p) for a in answers) for answers, p in zip(targets, predictions)]
@@ -154,3 +159,45 @@ def rouge(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float
         for name, score in scorer.score(target, prediction).items():
             totals[name] += score.fmeasure
     return {name: 100.0 * value / max(len(targets), 1) for name, value in totals.items()}
+
+
+# ----------------------------------------------------------------------- tagging
+def _entities(tags: Sequence[str]) -> set[tuple[int, int, str]]:
+    """(start, end, type) chunks of an IOB tag sequence, as conlleval reads them: an entity
+    starts at B-X, or at I-X that does not continue an X entity, and ends before the next
+    tag that does not continue it."""
+    chunks, start, kind = set(), None, None
+    for i, tag in enumerate(list(tags) + ["O"]):
+        prefix, _, tag_kind = tag.partition("-")
+        continues = prefix == "I" and kind == tag_kind
+        if start is not None and not continues:
+            chunks.add((start, i, kind))
+            start, kind = None, None
+        if prefix in ("B", "I") and not continues:
+            start, kind = i, tag_kind
+    return chunks
+
+
+def conll_ner_f1(tag_names: Sequence[str]):
+    """Entity-level precision, recall and F1 (CoNLL-2003's official measure, in percent) over
+    examples given as lists of tag ids, plus token accuracy."""
+
+    def metric(targets: Sequence[Sequence[int]],
+               predictions: Sequence[Sequence[int]]) -> dict[str, float]:
+        found = correct = gold = 0
+        right_tokens = total_tokens = 0
+        for t, p in zip(targets, predictions):
+            t_tags = [tag_names[i] for i in t]
+            p_tags = [tag_names[i] if 0 <= i < len(tag_names) else "O" for i in p]
+            true, guessed = _entities(t_tags), _entities(p_tags)
+            gold, found, correct = gold + len(true), found + len(guessed), \
+                correct + len(true & guessed)
+            right_tokens += sum(a == b for a, b in zip(t, p))
+            total_tokens += len(t)
+        precision = correct / found if found else 0.0
+        recall = correct / gold if gold else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        return {"f1": 100.0 * f1, "precision": 100.0 * precision, "recall": 100.0 * recall,
+                "token_accuracy": 100.0 * right_tokens / max(total_tokens, 1)}
+
+    return metric

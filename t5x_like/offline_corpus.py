@@ -9,7 +9,7 @@ Code samples, grammar rules and doctest lines are dropped; each remaining docume
 or docstring) becomes one line of text. The corpus is gathered once, written atomically under
 the cache directory and reused; ~2% of documents (chosen by a hash of their text, so the split
 is stable) form the validation split. A SentencePiece vocabulary is trained on the training
-split, also once.
+split, also once, and so is a WordPiece vocabulary for BERT.
 """
 
 from __future__ import annotations
@@ -28,6 +28,10 @@ MIN_WORDS = 20
 # A 1948-piece model plus seqio's 100 sentinel ids gives a 2048-entry vocabulary.
 SPM_VOCAB_SIZE = 1948
 NUM_SENTINELS = 100
+# The WordPiece vocabulary for BERT on this corpus: the learner stops at ~2.5k pieces (the
+# corpus is small), and the file is filled up to this size with [unusedN] pieces, as BERT's
+# own vocab.txt has, so models see one fixed size whatever the Python version's corpus.
+WORDPIECE_VOCAB_SIZE = 4096
 
 
 def cache_dir() -> str:
@@ -43,6 +47,10 @@ def split_path(split: str) -> str:
 
 def vocabulary_path() -> str:
     return os.path.join(cache_dir(), f"spm_{SPM_VOCAB_SIZE}.model")
+
+
+def wordpiece_vocabulary_path() -> str:
+    return os.path.join(cache_dir(), f"wordpiece_{WORDPIECE_VOCAB_SIZE}.txt")
 
 
 # ------------------------------------------------------------------------- gathering
@@ -167,4 +175,23 @@ def ensure_vocabulary() -> str:
             input_sentence_size=200_000, shuffle_input_sentence=True, num_threads=2,
             max_sentence_length=1 << 16, minloglevel=2)
         os.replace(prefix + ".model", path)
+    return path
+
+
+def ensure_wordpiece_vocabulary() -> str:
+    """Learn an uncased WordPiece vocab.txt on the training split unless cached (~40 s once);
+    returns its path. [PAD] [UNK] [CLS] [SEP] [MASK] are ids 0-4."""
+    path = wordpiece_vocabulary_path()
+    if os.path.exists(path):
+        return path
+    import tensorflow as tf
+
+    from t5x_like.data import wordpiece
+
+    with tf.init_scope():  # the learner runs eagerly, even if first asked inside a tf.function
+        texts = tf.data.TextLineDataset(ensure_corpus()["train"])
+        pieces = wordpiece.build_vocab(texts, WORDPIECE_VOCAB_SIZE, lower_case=True)
+    pieces = pieces[:WORDPIECE_VOCAB_SIZE]
+    pieces += [f"[unused{i}]" for i in range(WORDPIECE_VOCAB_SIZE - len(pieces))]
+    _write_atomically(path, "\n".join(pieces) + "\n")
     return path

@@ -4,8 +4,9 @@ decodes it.
 * Long contexts are cut into windows of `max_tokens` with stride `doc_stride`; a token seen in
   several windows is scored only in the one where it has the most context
   (min(left, right) + 0.01 * window length).
-* A span (i, j) scores start_logit[i] + end_logit[j]; it must lie in the context, have j >= i
-  and at most `max_answer_length` tokens. The n best starts and ends are combined.
+* A span (i, j) scores start_logit[i] + end_logit[j]; i must be a context token in its
+  max-context window, j a context token of the same window, j >= i, and the span at most
+  `max_answer_length` tokens. The n best starts and ends are combined.
 * SQuAD v2.0: the no-answer score is start_logit[CLS] + end_logit[CLS] (the smallest over the
   windows); the answer is "no answer" unless the best span beats it by more than `threshold`
   (tau, tuned on the dev set).
@@ -59,34 +60,131 @@ class Span:
 
 
 def best_spans(start_logits: np.ndarray, end_logits: np.ndarray, valid: np.ndarray,
-               n_best: int = 20, max_answer_length: int = 30, window: int = 0) -> list[Span]:
-    """Candidate spans of one feature, best first. `valid[i]` marks tokens that may start or
-    end an answer (context tokens in their max-context window)."""
+               n_best: int = 20, max_answer_length: int = 30, window: int = 0,
+               in_context: np.ndarray | None = None) -> list[Span]:
+    """Candidate spans of one feature, best first. `valid[i]` marks tokens that may start an
+    answer (context tokens in their max-context window), `in_context[j]` those that may end
+    one (any context token of the window; defaults to `valid`), as the reference checks."""
+    in_context = valid if in_context is None else in_context
     starts = np.argsort(-start_logits)[:n_best]
     ends = np.argsort(-end_logits)[:n_best]
     spans = []
     for i in starts:
         for j in ends:
-            if not (valid[i] and valid[j]) or j < i or j - i + 1 > max_answer_length:
+            if not (valid[i] and in_context[j]) or j < i or j - i + 1 > max_answer_length:
                 continue
             spans.append(Span(window, int(i), int(j),
                               float(start_logits[i] + end_logits[j])))
     return sorted(spans, key=lambda s: -s.score)[:n_best]
 
 
-def predict(features: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
+def predict(features: Sequence[tuple[np.ndarray, ...]],
             n_best: int = 20, max_answer_length: int = 30, cls_index: int = 0,
             null_threshold: float | None = None) -> Span | None:
     """The answer span over all windows of an example (v1.1), or None for "no answer" when
     `null_threshold` (v2.0's tau) is given and the null score wins. Each feature is
-    (start_logits, end_logits, valid)."""
+    (start_logits, end_logits, valid[, in_context])."""
     candidates: list[Span] = []
     null_score = np.inf
-    for w, (start_logits, end_logits, valid) in enumerate(features):
-        candidates += best_spans(start_logits, end_logits, valid, n_best, max_answer_length, w)
+    for w, (start_logits, end_logits, valid, *rest) in enumerate(features):
+        candidates += best_spans(start_logits, end_logits, valid, n_best, max_answer_length, w,
+                                 rest[0] if rest else None)
         null_score = min(null_score, float(start_logits[cls_index] + end_logits[cls_index]))
     best = max(candidates, key=lambda s: s.score, default=None)
     if null_threshold is not None and (best is None or
                                        null_score - best.score > null_threshold):
         return None
     return best
+
+
+# ------------------------------------------------------------------------------ features
+def _is_whitespace(c: str) -> bool:
+    return c in " \t\r\n" or ord(c) == 0x202F
+
+
+def whitespace_words(context: str) -> tuple[list[str], list[int]]:
+    """The context's whitespace-separated words and, for every character, the index of the
+    word it belongs to (the reference's `doc_tokens` and `char_to_word_offset`)."""
+    words: list[str] = []
+    char_to_word: list[int] = []
+    previous_space = True
+    for c in context:
+        if _is_whitespace(c):
+            previous_space = True
+        else:
+            if previous_space:
+                words.append(c)
+            else:
+                words[-1] += c
+            previous_space = False
+        char_to_word.append(len(words) - 1)
+    return words, char_to_word
+
+
+def answer_word_span(char_to_word: Sequence[int], answer_start: int,
+                     answer_text: str) -> tuple[int, int]:
+    """First and last word of an answer given by its character offset."""
+    end_char = min(answer_start + len(answer_text) - 1, len(char_to_word) - 1)
+    return char_to_word[answer_start], char_to_word[end_char]
+
+
+@dataclasses.dataclass
+class Feature:
+    """One window of an example: the model's inputs, the answer's token positions (0, 0 =
+    [CLS] when the window lacks it or there is none), and what decoding needs: the word of
+    each context token and which tokens may start or end an answer here."""
+
+    input_ids: list[int]
+    segment_ids: list[int]
+    start_position: int
+    end_position: int
+    token_to_word: dict[int, int]
+    valid: np.ndarray       # may start an answer: context tokens in their max-context window
+    in_context: np.ndarray  # may end one: any context token
+
+
+def featurize(query_ids: Sequence[int], word_pieces: Sequence[Sequence[int]],
+              max_seq_length: int, doc_stride: int, cls_id: int, sep_id: int,
+              answer_words: tuple[int, int] | None = None,
+              max_query_length: int = 64) -> list[Feature]:
+    """`[CLS] question [SEP] window [SEP]` for each document-stride window over the context's
+    pieces (`word_pieces[w]` = the pieces of word w), as the reference's
+    `convert_examples_to_features`."""
+    query = list(query_ids)[:max_query_length]
+    pieces, piece_word = [], []
+    for w, word in enumerate(word_pieces):
+        for piece in word:
+            pieces.append(piece)
+            piece_word.append(w)
+    answer_pieces = None
+    if answer_words is not None:
+        covered = [i for i, w in enumerate(piece_word)
+                   if answer_words[0] <= w <= answer_words[1]]
+        if covered:
+            answer_pieces = (covered[0], covered[-1])
+    windows = doc_stride_windows(len(pieces), max_seq_length - len(query) - 3, doc_stride)
+    offset = len(query) + 2
+    features = []
+    for index, window in enumerate(windows):
+        ids = [cls_id] + query + [sep_id] + pieces[window.start:window.start + window.length] \
+            + [sep_id]
+        segments = [0] * offset + [1] * (window.length + 1)
+        token_to_word, valid = {}, np.zeros(max_seq_length, bool)
+        in_context = np.zeros(max_seq_length, bool)
+        in_context[offset:offset + window.length] = True
+        for i in range(window.length):
+            token_to_word[offset + i] = piece_word[window.start + i]
+            valid[offset + i] = is_max_context(windows, index, window.start + i)
+        start = end = 0
+        if answer_pieces is not None and window.start <= answer_pieces[0] and \
+                answer_pieces[1] < window.start + window.length:
+            start = answer_pieces[0] - window.start + offset
+            end = answer_pieces[1] - window.start + offset
+        features.append(Feature(ids, segments, start, end, token_to_word, valid, in_context))
+    return features
+
+
+def span_text(words: Sequence[str], feature: Feature, span: Span) -> str:
+    """The original context words a predicted span covers."""
+    first, last = feature.token_to_word[span.start], feature.token_to_word[span.end]
+    return " ".join(words[first:last + 1])

@@ -1,4 +1,5 @@
-"""HuggingFace BERT checkpoints (BertForPreTraining / BertModel layouts) <-> our parameters.
+"""HuggingFace BERT checkpoints (BertForPreTraining / BertModel / fine-tuned BertFor* layouts)
+<-> our parameters.
 
 Every HF tensor maps to one of our parameters through a reversible transform, so the same table
 imports and exports. Reading uses safetensors only (no pickle execution), as for T5; unknown,
@@ -61,10 +62,22 @@ def _bias_heads(heads: tuple[int, int]) -> tuple[Transform, Transform]:
     return _pair(lambda b: b.reshape(heads), lambda b: b.reshape(-1))
 
 
-def name_map(cfg: BertConfig, prefix: str = "bert.",
-             heads_too: bool = True) -> Iterator[tuple[str, tuple[str, ...], tuple]]:
+# Fine-tuning heads: our top-level module -> HF's (the same name in BertFor{Sequence,Token}
+# Classification, BertForMultipleChoice ('classifier') and BertForQuestionAnswering).
+FINE_TUNING_HEADS = ("classifier", "qa_outputs")
+
+
+# HF builds these without the [CLS] pooler (add_pooling_layer=False); ours keeps one, unused.
+NO_POOLER = ("BertForQuestionAnswering", "BertForTokenClassification")
+
+
+def name_map(cfg: BertConfig, prefix: str = "bert.", heads_too: bool = True,
+             fine_tuning_head: str | None = None, pooler: bool = True
+             ) -> Iterator[tuple[str, tuple[str, ...], tuple]]:
     """(HF name, our path, (to_ours, to_hf)) for every parameter. `prefix` is 'bert.' for
-    BertForPreTraining and '' for a bare BertModel; `heads_too` adds the MLM/NSP heads."""
+    BertForPreTraining and the fine-tuning models, '' for a bare BertModel; `heads_too` adds
+    the MLM/NSP heads, `fine_tuning_head` a fine-tuning head's linear layer; `pooler=False`
+    for the HF classes that have none."""
     heads = (cfg.num_heads, cfg.head_dim)
     enc = ("encoder",)
     emb = f"{prefix}embeddings"
@@ -92,8 +105,9 @@ def name_map(cfg: BertConfig, prefix: str = "bert.",
         for hf_dense, dense in (("intermediate.dense", "wi"), ("output.dense", "wo")):
             yield f"{hf}.{hf_dense}.weight", (*ours, "mlp", dense, "kernel"), _transposed()
             yield f"{hf}.{hf_dense}.bias", (*ours, "mlp", dense, "bias"), _same()
-    yield f"{prefix}pooler.dense.weight", (*enc, "pooler", "kernel"), _transposed()
-    yield f"{prefix}pooler.dense.bias", (*enc, "pooler", "bias"), _same()
+    if pooler:
+        yield f"{prefix}pooler.dense.weight", (*enc, "pooler", "kernel"), _transposed()
+        yield f"{prefix}pooler.dense.bias", (*enc, "pooler", "bias"), _same()
     if heads_too:
         yield "cls.predictions.transform.dense.weight", ("mlm", "transform", "kernel"), _transposed()
         yield "cls.predictions.transform.dense.bias", ("mlm", "transform", "bias"), _same()
@@ -102,6 +116,18 @@ def name_map(cfg: BertConfig, prefix: str = "bert.",
         yield "cls.predictions.bias", ("mlm_output_bias",), _same()
         yield "cls.seq_relationship.weight", ("nsp", "kernel"), _transposed()
         yield "cls.seq_relationship.bias", ("nsp", "bias"), _same()
+    if fine_tuning_head:
+        yield f"{fine_tuning_head}.weight", (fine_tuning_head, "kernel"), _transposed()
+        yield f"{fine_tuning_head}.bias", (fine_tuning_head, "bias"), _same()
+
+
+def _layout(names) -> tuple[str, bool, str | None, bool]:
+    """(prefix, has pretraining heads, fine-tuning head, has pooler) of HF tensor names."""
+    names = set(names)
+    prefix = "bert." if any(k.startswith("bert.") for k in names) else ""
+    head = next((h for h in FINE_TUNING_HEADS if f"{h}.weight" in names), None)
+    return (prefix, "cls.seq_relationship.weight" in names, head,
+            f"{prefix}pooler.dense.weight" in names)
 
 
 # Tensors that are copies of others (tied output layer); accepted only when equal.
@@ -110,24 +136,30 @@ _TIED = {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weig
 
 
 def params_from_hf(tensors: dict[str, Tensor], cfg: BertConfig) -> Params:
-    """Our nested parameters from HF tensors (BertForPreTraining, or a bare BertModel whose
-    heads are then absent from the result)."""
+    """Our nested parameters from HF tensors: BertForPreTraining, a bare BertModel (no heads
+    in the result), or a fine-tuned BertFor{SequenceClassification, MultipleChoice,
+    TokenClassification, QuestionAnswering} (its head as `classifier` / `qa_outputs`)."""
     tensors = dict(tensors)
-    pretraining = any(k.startswith("bert.") for k in tensors)
+    prefix, pretraining, head, pooler = _layout(tensors)
     for copy, source in _TIED.items():
         if copy in tensors:
             if source in tensors and not np.array_equal(tensors[copy], tensors[source]):
                 raise CheckpointError(f"Tensor {copy} differs from {source}; BERT ties them.")
             del tensors[copy]
     params: Params = {}
-    for hf_name, path, (to_ours, _) in name_map(cfg, "bert." if pretraining else "",
-                                                heads_too=pretraining):
+    for hf_name, path, (to_ours, _) in name_map(cfg, prefix, heads_too=pretraining,
+                                                fine_tuning_head=head,
+                                                pooler=pooler or head is None):
         if hf_name not in tensors:
             raise CheckpointError(f"Tensor {hf_name} is missing from the checkpoint.")
         node = params
         for key in path[:-1]:
             node = node.setdefault(key, {})
         node[path[-1]] = np.asarray(to_ours(tensors.pop(hf_name)), np.float32)
+    if not pooler and head is not None:  # a span or token head: the pooler is never used
+        h = cfg.hidden_size
+        params["encoder"]["pooler"] = {"kernel": np.zeros((h, h), np.float32),
+                                       "bias": np.zeros((h,), np.float32)}
     tensors.pop("bert.embeddings.position_ids", None)
     tensors.pop("embeddings.position_ids", None)
     if tensors:
@@ -135,16 +167,25 @@ def params_from_hf(tensors: dict[str, Tensor], cfg: BertConfig) -> Params:
     return params
 
 
-def params_to_hf(params: Params, cfg: BertConfig) -> dict[str, Tensor]:
-    """HF BertForPreTraining tensors from our parameters (the tied copies included)."""
+def params_to_hf(params: Params, cfg: BertConfig,
+                 architecture: str | None = None) -> dict[str, Tensor]:
+    """HF tensors from our parameters: BertForPreTraining's (the tied copies included) for a
+    pretraining model, the encoder plus the head's linear layer for a fine-tuned one (without
+    the pooler for the `NO_POOLER` architectures)."""
     out = {}
-    for hf_name, path, (_, to_hf) in name_map(cfg):
+    pretraining = "mlm" in params
+    head = next((h for h in FINE_TUNING_HEADS if h in params), None)
+    architecture = architecture or _architecture(head)
+    for hf_name, path, (_, to_hf) in name_map(cfg, heads_too=pretraining,
+                                              fine_tuning_head=head,
+                                              pooler=architecture not in NO_POOLER):
         node = params
         for key in path:
             node = node[key]
         out[hf_name] = np.ascontiguousarray(to_hf(np.asarray(node, np.float32)))
-    for copy, source in _TIED.items():
-        out[copy] = out[source]
+    if pretraining:
+        for copy, source in _TIED.items():
+            out[copy] = out[source]
     return out
 
 
@@ -176,8 +217,10 @@ def load_hf_checkpoint(checkpoint_dir: str) -> tuple[BertConfig, Params]:
     cfg = config_from_hf(read_config(checkpoint_dir))
     params = params_from_hf(read_tensors(checkpoint_dir), cfg)
     expected = expected_params(cfg)
-    heads_only = "mlm" not in params
-    for hf_name, path, _ in name_map(cfg, heads_too=not heads_only):
+    head = next((h for h in FINE_TUNING_HEADS if h in params), None)
+    if head:  # the head's shape is the checkpoint's own (its number of labels)
+        expected = {**expected, head: params[head]}
+    for hf_name, path, _ in name_map(cfg, heads_too="mlm" in params, fine_tuning_head=head):
         got, want = params, expected
         for key in path:
             got, want = got[key], want[key]
@@ -200,8 +243,19 @@ def expected_params(cfg: BertConfig) -> Params:
         jax.random.key(0), jnp.ones((1, 8), jnp.int32)))["params"])
 
 
-def hf_config(cfg: BertConfig) -> dict[str, Any]:
-    return {"architectures": ["BertForPreTraining"], "model_type": "bert",
+# The HF architecture of each fine-tuning head (our module name, number of outputs).
+HEAD_ARCHITECTURES = {"qa_outputs": "BertForQuestionAnswering",
+                      "classifier": "BertForSequenceClassification"}
+
+
+def _architecture(head: str | None) -> str:
+    return HEAD_ARCHITECTURES[head] if head else "BertForPreTraining"
+
+
+def hf_config(cfg: BertConfig, architecture: str = "BertForPreTraining",
+              num_labels: int | None = None) -> dict[str, Any]:
+    extra = {"num_labels": num_labels} if num_labels else {}
+    return {"architectures": [architecture], "model_type": "bert", **extra,
             "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
             "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
             "intermediate_size": cfg.intermediate_size, "hidden_act": "gelu",
@@ -212,17 +266,27 @@ def hf_config(cfg: BertConfig) -> dict[str, Any]:
             "layer_norm_eps": cfg.layer_norm_epsilon, "pad_token_id": 0}
 
 
-def save_hf_checkpoint(directory: str, params: Params, cfg: BertConfig) -> None:
-    """Write config.json + model.safetensors in HuggingFace's BertForPreTraining layout."""
+def save_hf_checkpoint(directory: str, params: Params, cfg: BertConfig,
+                       architecture: str | None = None) -> str:
+    """Write config.json + model.safetensors in HuggingFace's layout: BertForPreTraining, or
+    the fine-tuned model's (`architecture` overrides the guess from the head, e.g.
+    'BertForMultipleChoice' or 'BertForTokenClassification' for a `classifier` head).
+    Returns the architecture written."""
     import json
     import os
 
     from safetensors.numpy import save_file
 
+    head = next((h for h in FINE_TUNING_HEADS if h in params), None)
+    architecture = architecture or _architecture(head)
+    num_labels = None
+    if head == "classifier" and architecture != "BertForMultipleChoice":
+        num_labels = int(np.shape(params[head]["bias"])[0])
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "config.json"), "w") as f:
-        json.dump(hf_config(cfg), f, indent=2)
-    tensors = params_to_hf(params, cfg)
+        json.dump(hf_config(cfg, architecture, num_labels), f, indent=2)
+    tensors = params_to_hf(params, cfg, architecture)
     # safetensors refuses shared memory; the tied copies are written as their own arrays.
     save_file({k: np.array(v, copy=True) for k, v in tensors.items()},
               os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+    return architecture

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import glob
 import sys
-from typing import Sequence
+from typing import Callable, Sequence
 
 import seqio
 import tensorflow as tf
@@ -36,13 +36,43 @@ class WordPieceVocabulary(seqio.Vocabulary):
     """A `vocab.txt` with BERT's tokenizer. There is no EOS: BERT frames sequences with
     [CLS]/[SEP], which the pretraining and fine-tuning preprocessors add."""
 
-    def __init__(self, vocab_path: str, lower_case: bool = True) -> None:
-        self.vocab_path = vocab_path
-        self.lower_case = lower_case
-        self._pieces = read_vocab(vocab_path)
-        self._ids = {p: i for i, p in enumerate(self._pieces)}
-        self._tokenizer = None
+    def __init__(self, vocab_path: str | Callable[[], str],
+                 lower_case: bool | Callable[[], bool] = True) -> None:
+        """`vocab_path` (and `lower_case`) may be functions, called on use, so a task can be
+        registered before its vocabulary exists (built, or named by gin)."""
+        self._vocab_path = vocab_path
+        self._lower_case = lower_case
+        self._loaded: tuple[str, list[str], dict[str, int]] | None = None
+        self._tokenizer_for: tuple[str, object] | None = None
         super().__init__(extra_ids=0)
+        if not callable(vocab_path):
+            self._load()  # a named file is checked now
+
+    @property
+    def lower_case(self) -> bool:
+        value = self._lower_case
+        return bool(value() if callable(value) else value)
+
+    @property
+    def vocab_path(self) -> str:
+        path = self._vocab_path
+        return path() if callable(path) else path
+
+    @property
+    def _pieces(self) -> list[str]:
+        return self._load()[1]
+
+    @property
+    def _ids(self) -> dict[str, int]:
+        return self._load()[2]
+
+    def _load(self) -> tuple[str, list[str], dict[str, int]]:
+        """Read the file, again whenever the path (e.g. a gin binding) has changed."""
+        path = self.vocab_path
+        if self._loaded is None or self._loaded[0] != path:
+            pieces = read_vocab(path)
+            self._loaded = (path, pieces, {p: i for i, p in enumerate(pieces)})
+        return self._loaded
 
     # ----------------------------------------------------------------- special ids
     @property
@@ -81,14 +111,15 @@ class WordPieceVocabulary(seqio.Vocabulary):
     @property
     def tokenizer(self):
         """tensorflow-text's FastBertTokenizer, built on first use."""
-        if self._tokenizer is None:
+        key = (self.vocab_path, self.lower_case)
+        if self._tokenizer_for is None or self._tokenizer_for[0] != key:
             import tensorflow_text as tf_text
 
-            self._tokenizer = tf_text.FastBertTokenizer(
+            self._tokenizer_for = (key, tf_text.FastBertTokenizer(
                 self._pieces, suffix_indicator="##", unknown_token="[UNK]",
                 token_out_type=tf.int32, support_detokenization=True,
-                lower_case_nfd_strip_accents=self.lower_case)
-        return self._tokenizer
+                lower_case_nfd_strip_accents=self.lower_case))
+        return self._tokenizer_for[1]
 
     def _encode_tf(self, s: tf.Tensor) -> tf.Tensor:
         # One string at a time (seqio's contract); the tokenizer wants a batch of them.
@@ -112,11 +143,12 @@ class WordPieceVocabulary(seqio.Vocabulary):
         return " ".join(words)
 
     def __eq__(self, other) -> bool:
-        return (isinstance(other, WordPieceVocabulary) and other.vocab_path == self.vocab_path
-                and other.lower_case == self.lower_case)
+        return (isinstance(other, WordPieceVocabulary)
+                and other._vocab_path == self._vocab_path
+                and other._lower_case == self._lower_case)
 
     def __hash__(self) -> int:
-        return hash((self.vocab_path, self.lower_case))
+        return hash((self._vocab_path, self._lower_case))
 
 
 # ----------------------------------------------------------------------- building

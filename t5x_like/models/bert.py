@@ -41,6 +41,10 @@ class BertConfig:
     initializer_range: float = 0.02
     dtype: str = "float32"
 
+    # Fields that decide parameter shapes and meaning (checked when a checkpoint is loaded).
+    ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads",
+                           "intermediate_size", "max_position_embeddings", "type_vocab_size")
+
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
@@ -135,20 +139,24 @@ class BertEncoder(nn.Module):
                                    dtype=jnp.dtype(cfg.dtype), use_bias=True)
 
     def __call__(self, token_ids: Array, segment_ids: Array | None = None,
-                 input_mask: Array | None = None,
-                 deterministic: bool = True) -> tuple[Array, Array]:
-        """(sequence output (batch, length, hidden), pooled [CLS] (batch, hidden)).
-        `input_mask` defaults to token_ids != 0 ([PAD] is id 0 in BERT vocabularies)."""
+                 input_mask: Array | None = None, deterministic: bool = True,
+                 return_all_layers: bool = False) -> tuple:
+        """(sequence output (batch, length, hidden), pooled [CLS] (batch, hidden)), plus every
+        layer's output as a third element with `return_all_layers` (for the feature-based
+        approach). `input_mask` defaults to token_ids != 0 ([PAD] is id 0 in BERT
+        vocabularies)."""
         if segment_ids is None:
             segment_ids = jnp.zeros_like(token_ids)
         if input_mask is None:
             input_mask = token_ids != 0
         mask = (input_mask[:, None, None, :] > 0)
         x = self.embeddings(token_ids, segment_ids, deterministic)
+        all_layers = []
         for layer in self.layers:
             x = layer(x, mask, deterministic)
+            all_layers.append(x)
         pooled = jnp.tanh(self.pooler(x[:, 0]))
-        return x, pooled
+        return (x, pooled, all_layers) if return_all_layers else (x, pooled)
 
 
 class MaskedLMTransform(nn.Module):
@@ -182,12 +190,117 @@ class BertForPreTraining(nn.Module):
                                 dtype=jnp.dtype(cfg.dtype), use_bias=True)
 
     def __call__(self, token_ids: Array, segment_ids: Array | None = None,
-                 input_mask: Array | None = None,
-                 deterministic: bool = True) -> dict[str, Array]:
+                 input_mask: Array | None = None, deterministic: bool = True,
+                 masked_positions: Array | None = None) -> dict[str, Array]:
+        """Logits of both heads. With `masked_positions` (batch, predictions) the masked-LM
+        head runs only at those positions, as the reference's `gather_indexes` does: with a
+        30k vocabulary the output layer would otherwise dominate the step."""
         sequence, pooled = self.encoder(token_ids, segment_ids, input_mask, deterministic)
-        mlm_logits = self.encoder.embeddings.attend(self.mlm(sequence)) + self.mlm_output_bias
+        predicted = sequence
+        if masked_positions is not None:
+            predicted = jnp.take_along_axis(sequence, masked_positions[..., None], axis=1)
+        mlm_logits = self.encoder.embeddings.attend(self.mlm(predicted)) + self.mlm_output_bias
         return {"mlm_logits": mlm_logits, "nsp_logits": self.nsp(pooled),
                 "pooled": pooled, "sequence": sequence}
+
+
+def _head(cfg: BertConfig, features: int, name: str) -> layers.Dense:
+    """A fine-tuning output layer: N(0, 0.02) kernel, zero bias (the reference's init)."""
+    return layers.Dense((features,), ("embed",), ("classes",),
+                        kernel_init=layers.normal(cfg.initializer_range),
+                        dtype=jnp.float32, use_bias=True, name=name)
+
+
+class BertForSequenceClassification(nn.Module):
+    """Pooled [CLS] -> dropout -> linear (section 4.1): `num_labels` logits, or one score for
+    a regression task such as STS-B."""
+
+    config: BertConfig
+    num_labels: int
+
+    @nn.compact
+    def __call__(self, token_ids: Array, segment_ids: Array | None = None,
+                 input_mask: Array | None = None, deterministic: bool = True) -> Array:
+        _, pooled = BertEncoder(self.config, name="encoder")(token_ids, segment_ids,
+                                                             input_mask, deterministic)
+        pooled = nn.Dropout(self.config.dropout_rate)(pooled, deterministic=deterministic)
+        return _head(self.config, self.num_labels, "classifier")(pooled)
+
+
+class BertForMultipleChoice(nn.Module):
+    """SWAG-style (section 4.4): each (context, choice) pair is one sequence; a vector dotted
+    with its pooled [CLS] gives that choice's score, softmaxed over the choices. Inputs are
+    (batch, choices, length)."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, token_ids: Array, segment_ids: Array | None = None,
+                 input_mask: Array | None = None, deterministic: bool = True) -> Array:
+        batch, choices, length = token_ids.shape
+        flat = lambda x: None if x is None else x.reshape(batch * choices, length)  # noqa: E731
+        _, pooled = BertEncoder(self.config, name="encoder")(
+            flat(token_ids), flat(segment_ids), flat(input_mask), deterministic)
+        pooled = nn.Dropout(self.config.dropout_rate)(pooled, deterministic=deterministic)
+        return _head(self.config, 1, "classifier")(pooled).reshape(batch, choices)
+
+
+class BertForQuestionAnswering(nn.Module):
+    """SQuAD (section 4.2): a start vector S and an end vector E dotted with every token's
+    final hidden state. Returns (start_logits, end_logits), each (batch, length)."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, token_ids: Array, segment_ids: Array | None = None,
+                 input_mask: Array | None = None,
+                 deterministic: bool = True) -> tuple[Array, Array]:
+        sequence, _ = BertEncoder(self.config, name="encoder")(token_ids, segment_ids,
+                                                               input_mask, deterministic)
+        logits = _head(self.config, 2, "qa_outputs")(sequence)
+        return logits[..., 0], logits[..., 1]
+
+
+class BertForTokenClassification(nn.Module):
+    """CoNLL-2003 NER (section 5.3): a label per token from its final hidden state (the first
+    piece of each word is the one scored). `feature_based` is the paper's feature-based
+    ablation: the encoder is frozen (no gradient reaches it; the optimizer also leaves it
+    untouched), the last four layers' outputs are concatenated and a two-layer bidirectional
+    LSTM (768 units) runs before the classifier."""
+
+    config: BertConfig
+    num_labels: int
+    feature_based: bool = False
+    lstm_size: int = 768
+
+    @nn.compact
+    def __call__(self, token_ids: Array, segment_ids: Array | None = None,
+                 input_mask: Array | None = None, deterministic: bool = True) -> Array:
+        cfg = self.config
+        encoder = BertEncoder(cfg, name="encoder")
+        if not self.feature_based:
+            sequence, _ = encoder(token_ids, segment_ids, input_mask, deterministic)
+            x = nn.Dropout(cfg.dropout_rate)(sequence, deterministic=deterministic)
+        else:
+            _, _, all_layers = encoder(token_ids, segment_ids, input_mask, True,
+                                       return_all_layers=True)
+            x = jax.lax.stop_gradient(jnp.concatenate(all_layers[-4:], axis=-1))
+            lengths = (token_ids != 0).sum(-1) if input_mask is None else input_mask.sum(-1)
+            for i in range(2):
+                x = BiLSTM(self.lstm_size // 2, name=f"bilstm_{i}")(x, lengths)
+        return _head(cfg, self.num_labels, "classifier")(x)
+
+
+class BiLSTM(nn.Module):
+    """A bidirectional LSTM layer, `features` units each way, outputs concatenated."""
+
+    features: int
+
+    @nn.compact
+    def __call__(self, x: Array, lengths: Array) -> Array:
+        forward = nn.RNN(nn.OptimizedLSTMCell(self.features, parent=None), name="forward")
+        backward = nn.RNN(nn.OptimizedLSTMCell(self.features, parent=None), name="backward")
+        return nn.Bidirectional(forward, backward)(x, seq_lengths=lengths)
 
 
 def count_params(params) -> int:

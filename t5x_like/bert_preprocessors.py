@@ -1,0 +1,303 @@
+"""seqio preprocessors that turn raw text into BERT's examples (section 3 and appendix A).
+
+* `pretraining_pairs`: documents -> sentences -> WordPiece -> groups of documents ->
+  `[CLS] A [SEP] B [SEP]` pairs with masking (`bert_data`, the reference's algorithms, run in
+  a `tf.numpy_function` on each group, seeded by seqio so the stream is reproducible).
+  Masks are drawn afresh each epoch (the reference wrote a fixed set of 10 maskings to disk).
+* `frame_pair`/`frame_single`: fine-tuning inputs — one or two texts tokenized, truncated as
+  the reference's `_truncate_seq_pair` does, framed with [CLS]/[SEP] and segment ids, the label
+  kept as a number (not text-to-text).
+* `frame_choices`: SWAG-style, one framed (context, ending) pair per choice.
+* `frame_squad`: question + the document-stride windows of a SQuAD context (`squad_spans`),
+  with the answer's token start/end in each window ([CLS] when the window lacks it).
+* `frame_tagging`: CoNLL-style words with a label each, scored on each word's first piece.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import seqio
+import tensorflow as tf
+
+from t5x_like import bert_data, squad_spans
+from t5x_like.data.wordpiece import WordPieceVocabulary
+
+# A sentence ends at . ! or ? (and any closing quote/bracket) followed by whitespace; a
+# newline always ends one. Good enough for prose; the reference read one sentence per line.
+_SENTENCE_END = r"""([.!?]["')\]]*)\s+"""
+
+
+def split_sentences(text: tf.Tensor) -> tf.Tensor:
+    """A document's non-empty sentences, in order (1-D string tensor)."""
+    marked = tf.strings.regex_replace(text, _SENTENCE_END, "\\1\n")
+    sentences = tf.strings.strip(tf.strings.split(marked, "\n"))
+    return tf.boolean_mask(sentences, tf.strings.length(sentences) > 0)
+
+
+def tokenize_sentences(vocab: WordPieceVocabulary, sentences: tf.Tensor) -> tf.RaggedTensor:
+    """(sentences, pieces) WordPiece ids, sentences that tokenize to nothing dropped."""
+    pieces = tf.cast(vocab.tokenizer.tokenize(sentences), tf.int32)  # FastBertTokenizer: 2-D
+    return tf.ragged.boolean_mask(pieces, pieces.row_lengths() > 0)
+
+
+def max_predictions_for(length: int) -> int:
+    """The reference's max_predictions_per_seq: 20 at 128 and 80 at 512 (15% rounded up to
+    a multiple of 5/32 of the length), for other lengths the same proportion."""
+    return int(np.ceil(length * 5 / 32))
+
+
+def pretraining_pairs(vocab: WordPieceVocabulary, documents_per_group: int = 64,
+                      short_seq_prob: float = 0.1, whole_word_masking: bool = False,
+                      text_key: str = "text") -> Callable:
+    """The pretraining preprocessor: documents in, masked sentence pairs out, with features
+    `inputs` (masked ids), `segment_ids`, `masked_lm_positions`, `targets` (original ids at
+    those positions) and `next_sentence_labels` (0 IsNext, 1 NotNext). The "random next"
+    sentences come from another document of the same group of `documents_per_group`."""
+
+    def preprocess(ds: tf.data.Dataset, sequence_length: Mapping[str, int]) -> tf.data.Dataset:
+        length = sequence_length["inputs"]
+        predictions = sequence_length.get("targets") or max_predictions_for(length)
+        vocab.tokenizer  # noqa: B018 - read (or build) the vocabulary now, outside tf.data
+        ds = ds.map(lambda ex: tokenize_sentences(vocab, split_sentences(ex[text_key])),
+                    num_parallel_calls=tf.data.AUTOTUNE)
+        ds = ds.filter(lambda sentences: sentences.nrows() > 0)
+        ds = ds.ragged_batch(documents_per_group)
+        make = _instance_maker(vocab, length, predictions, short_seq_prob, whole_word_masking)
+
+        @seqio.map_over_dataset(num_seeds=1)
+        def to_instances(group, seed):
+            outer, inner = group.nested_row_splits
+            arrays = tf.numpy_function(make, [group.flat_values, inner, outer, seed],
+                                       [tf.int32] * 5, stateful=False)
+            arrays[0].set_shape([None, length])
+            arrays[1].set_shape([None, length])
+            arrays[2].set_shape([None, predictions])
+            arrays[3].set_shape([None, predictions])
+            arrays[4].set_shape([None])
+            keys = ("inputs", "segment_ids", "masked_lm_positions", "targets",
+                    "next_sentence_labels")
+            return dict(zip(keys, arrays))
+
+        return to_instances(ds).unbatch().map(_strip_padding,
+                                              num_parallel_calls=tf.data.AUTOTUNE)
+
+    return preprocess
+
+
+def _strip_padding(ex: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """Variable-length features as seqio tasks hold them (the converter pads again)."""
+    predicted = tf.reduce_sum(tf.cast(ex["masked_lm_positions"] > 0, tf.int32))
+    return {**_strip_row_padding(ex),
+            "masked_lm_positions": ex["masked_lm_positions"][:predicted],
+            "targets": ex["targets"][:predicted]}
+
+
+def _instance_maker(vocab: WordPieceVocabulary, length: int, predictions: int,
+                    short_seq_prob: float, whole_word: bool) -> Callable:
+    cls_id, sep_id, mask_id, vocab_size = vocab.cls_id, vocab.sep_id, vocab.mask_id, \
+        vocab.vocab_size
+    pieces = vocab.pieces if whole_word else None
+
+    def make(flat: np.ndarray, sentence_splits: np.ndarray, document_splits: np.ndarray,
+             seed: np.ndarray) -> list[np.ndarray]:
+        rng = np.random.default_rng([int(s) & 0xFFFFFFFF for s in seed])
+        flat = flat.tolist()
+        documents = [[flat[sentence_splits[s]:sentence_splits[s + 1]]
+                      for s in range(document_splits[d], document_splits[d + 1])]
+                     for d in range(len(document_splits) - 1)]
+        instances = bert_data.sentence_pair_instances(documents, length, cls_id, sep_id, rng,
+                                                      short_seq_prob)
+        n = len(instances)
+        tokens = np.zeros((n, length), np.int32)
+        segments = np.zeros((n, length), np.int32)
+        positions = np.zeros((n, predictions), np.int32)
+        targets = np.zeros((n, predictions), np.int32)
+        labels = np.zeros((n,), np.int32)
+        for i, instance in enumerate(instances):
+            masked, chosen, original = bert_data.mask_tokens(
+                instance.tokens, (cls_id, sep_id), mask_id, vocab_size, predictions, rng,
+                pieces=pieces, whole_word=whole_word)
+            tokens[i, :len(masked)] = masked
+            segments[i, :len(masked)] = instance.segment_ids
+            positions[i, :len(chosen)] = chosen
+            targets[i, :len(chosen)] = original
+            labels[i] = bert_data.NOT_NEXT if instance.is_random_next else bert_data.IS_NEXT
+        return [tokens, segments, positions, targets, labels]
+
+    return make
+
+
+# ------------------------------------------------------------------------------ fine-tuning
+def truncated_pair_lengths(len_a: tf.Tensor, len_b: tf.Tensor,
+                           budget: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """Lengths after the reference's `_truncate_seq_pair` (drop the last token of the longer
+    text, B on ties, until the pair fits `budget`), in closed form: if the shorter text fits in
+    half the budget only the longer is cut, to the rest; otherwise A keeps ceil(budget / 2)
+    and B floor(budget / 2)."""
+    fits = len_a + len_b <= budget
+    shorter_fits_half = 2 * tf.minimum(len_a, len_b) <= budget
+    a_shorter = len_a <= len_b
+    cut_a = tf.where(shorter_fits_half, tf.where(a_shorter, len_a, budget - len_b),
+                     (budget + 1) // 2)
+    cut_b = tf.where(shorter_fits_half, tf.where(a_shorter, budget - len_a, len_b),
+                     budget // 2)
+    return tf.where(fits, len_a, cut_a), tf.where(fits, len_b, cut_b)
+
+
+def _tokens(vocab: WordPieceVocabulary, text: tf.Tensor) -> tf.Tensor:
+    return tf.cast(vocab.tokenizer.tokenize(tf.reshape(text, [1])).flat_values, tf.int32)
+
+
+def _frame(vocab: WordPieceVocabulary, a: tf.Tensor, b: tf.Tensor | None,
+           length: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """`[CLS] a [SEP] (b [SEP])` ids and segment ids, truncated to `length`."""
+    cls = tf.constant([vocab.cls_id], tf.int32)
+    sep = tf.constant([vocab.sep_id], tf.int32)
+    if b is None:
+        a = a[:length - 2]
+        ids = tf.concat([cls, a, sep], 0)
+        return ids, tf.zeros_like(ids)
+    len_a, len_b = truncated_pair_lengths(tf.size(a), tf.size(b), length - 3)
+    first = tf.concat([cls, a[:len_a], sep], 0)
+    second = tf.concat([b[:len_b], sep], 0)
+    return (tf.concat([first, second], 0),
+            tf.concat([tf.zeros_like(first), tf.ones_like(second)], 0))
+
+
+def frame_pair(vocab: WordPieceVocabulary, text_keys: Sequence[str], label_key: str = "label",
+               label_map: Callable[[tf.Tensor], tf.Tensor] | None = None) -> Callable:
+    """Sentence or sentence-pair classification/regression examples: `inputs`, `segment_ids`,
+    `label` (float32: a class id or a score)."""
+
+    def preprocess(ds: tf.data.Dataset, sequence_length: Mapping[str, int]) -> tf.data.Dataset:
+        length = sequence_length["inputs"]
+        vocab.tokenizer  # noqa: B018 - read (or build) the vocabulary now, outside tf.data
+
+        def frame(ex):
+            a = _tokens(vocab, ex[text_keys[0]])
+            b = _tokens(vocab, ex[text_keys[1]]) if len(text_keys) > 1 else None
+            ids, segments = _frame(vocab, a, b, length)
+            label = ex[label_key] if label_map is None else label_map(ex[label_key])
+            return {"inputs": ids, "segment_ids": segments, "label": tf.cast(label, tf.float32)}
+
+        return ds.map(frame, num_parallel_calls=tf.data.AUTOTUNE)
+
+    return preprocess
+
+
+def frame_choices(vocab: WordPieceVocabulary, context_key: str, endings_key: str,
+                  label_key: str = "label") -> Callable:
+    """SWAG-style: `[CLS] context [SEP] ending [SEP]` for every ending, stacked
+    (choices, length) and padded with [PAD]; `label` is the right ending's index."""
+
+    def preprocess(ds: tf.data.Dataset, sequence_length: Mapping[str, int]) -> tf.data.Dataset:
+        length = sequence_length["inputs"]
+        vocab.tokenizer  # noqa: B018 - read (or build) the vocabulary now, outside tf.data
+
+        def frame(ex):
+            context = _tokens(vocab, ex[context_key])
+
+            def one(ending):
+                ids, segments = _frame(vocab, context, _tokens(vocab, ending), length)
+                pad = [[0, length - tf.size(ids)]]
+                return tf.pad(ids, pad), tf.pad(segments, pad)
+
+            ids, segments = tf.map_fn(one, ex[endings_key],
+                                      fn_output_signature=(tf.TensorSpec([length], tf.int32),
+                                                           tf.TensorSpec([length], tf.int32)))
+            return {"inputs": ids, "segment_ids": segments,
+                    "label": tf.cast(ex[label_key], tf.float32)}
+
+        return ds.map(frame, num_parallel_calls=tf.data.AUTOTUNE)
+
+    return preprocess
+
+
+def frame_tagging(vocab: WordPieceVocabulary, words_key: str = "tokens",
+                  tags_key: str = "ner") -> Callable:
+    """Words and their tags -> `[CLS] pieces [SEP]`, the tag on each word's first piece
+    (`label_weights` 1) and nothing scored on continuation pieces, [CLS] or [SEP]."""
+
+    def preprocess(ds: tf.data.Dataset, sequence_length: Mapping[str, int]) -> tf.data.Dataset:
+        length = sequence_length["inputs"]
+        vocab.tokenizer  # noqa: B018 - read (or build) the vocabulary now, outside tf.data
+
+        def frame(ex):
+            pieces = tf.cast(vocab.tokenizer.tokenize(ex[words_key]), tf.int32)  # (words, pieces)
+            first = tf.ones_like(pieces[:, :1])
+            rest = tf.zeros_like(pieces[:, 1:])
+            starts = tf.concat([first, rest], axis=1).flat_values
+            tags = tf.repeat(tf.cast(ex[tags_key], tf.int32), pieces.row_lengths())
+            ids = pieces.flat_values[:length - 2]
+            starts, tags = starts[:length - 2], tags[:length - 2]
+            edge = tf.zeros([1], tf.int32)
+            return {"inputs": tf.concat([[vocab.cls_id], ids, [vocab.sep_id]], 0),
+                    "segment_ids": tf.zeros([tf.size(ids) + 2], tf.int32),
+                    "labels": tf.concat([edge, tags, edge], 0),
+                    "label_weights": tf.concat([edge, starts, edge], 0)}
+
+        return ds.map(frame, num_parallel_calls=tf.data.AUTOTUNE)
+
+    return preprocess
+
+
+def squad_features(vocab: WordPieceVocabulary, context: str, question: str,
+                   answer: tuple[str, int] | None, max_seq_length: int, doc_stride: int = 128,
+                   max_query_length: int = 64) -> tuple[list[str], list[squad_spans.Feature]]:
+    """The context's words and the document-stride features of one SQuAD example (`answer`:
+    (text, character offset), or None for an unanswerable v2.0 question)."""
+    words, char_to_word = squad_spans.whitespace_words(context)
+    answer_words = None
+    if answer is not None:
+        answer_words = squad_spans.answer_word_span(char_to_word, answer[1], answer[0])
+    word_pieces = [vocab.encode(w) for w in words]
+    return words, squad_spans.featurize(vocab.encode(question), word_pieces, max_seq_length,
+                                        doc_stride, vocab.cls_id, vocab.sep_id, answer_words,
+                                        max_query_length)
+
+
+def frame_squad(vocab: WordPieceVocabulary, doc_stride: int = 128,
+                max_query_length: int = 64) -> Callable:
+    """SQuAD training examples -> one example per document-stride window (`squad_spans`),
+    with the first answer's `start_position`/`end_position` ([CLS] = 0 when the window lacks
+    it, or for an unanswerable v2.0 question)."""
+
+    def preprocess(ds: tf.data.Dataset, sequence_length: Mapping[str, int]) -> tf.data.Dataset:
+        length = sequence_length["inputs"]
+        vocab.tokenizer  # noqa: B018 - read (or build) the vocabulary now, outside tf.data
+
+        def make(context, question, answer_texts, answer_starts):
+            answer = ((answer_texts[0].decode(), int(answer_starts[0]))
+                      if len(answer_texts) else None)
+            _, features = squad_features(vocab, context.decode(), question.decode(), answer,
+                                         length, doc_stride, max_query_length)
+            rows = np.zeros((len(features), length), np.int32)
+            segments = np.zeros((len(features), length), np.int32)
+            for i, f in enumerate(features):
+                rows[i, :len(f.input_ids)] = f.input_ids
+                segments[i, :len(f.segment_ids)] = f.segment_ids
+            spans = np.asarray([(f.start_position, f.end_position) for f in features],
+                               np.int32).reshape(-1, 2)
+            return rows, segments, spans
+
+        def frame(ex):
+            rows, segments, spans = tf.numpy_function(
+                make, [ex["context"], ex["question"], ex["answers"]["text"],
+                       ex["answers"]["answer_start"]], [tf.int32] * 3, stateful=False)
+            rows.set_shape([None, length])
+            segments.set_shape([None, length])
+            spans.set_shape([None, 2])
+            return {"inputs": rows, "segment_ids": segments, "start_position": spans[:, 0],
+                    "end_position": spans[:, 1]}
+
+        return ds.map(frame, num_parallel_calls=tf.data.AUTOTUNE).unbatch().map(
+            _strip_row_padding, num_parallel_calls=tf.data.AUTOTUNE)
+
+    return preprocess
+
+
+def _strip_row_padding(ex: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    real = tf.reduce_sum(tf.cast(ex["inputs"] != 0, tf.int32))
+    return {**ex, "inputs": ex["inputs"][:real], "segment_ids": ex["segment_ids"][:real]}

@@ -1,0 +1,80 @@
+"""SQuAD evaluation of a BERT span model: every document-stride window of every question is
+scored, the windows' spans are combined as the reference does (`squad_spans.predict`: n-best
+starts and ends, j >= i, max answer length, max-context windows, and for v2.0 the null score
+against the threshold tau) and the answer text is scored with SQuAD's EM and F1.
+
+The answer text is the context's original whitespace words that the predicted pieces fall in
+(the reference additionally trims characters inside a word with `get_final_text`; SQuAD's
+normalisation drops the punctuation that usually makes the difference).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+import jax
+import numpy as np
+import seqio
+
+from t5x_like import bert_preprocessors, metrics, squad_spans
+from t5x_like.data.wordpiece import WordPieceVocabulary
+
+
+def predict_answers(model: Any, params: Any, vocab: WordPieceVocabulary,
+                    examples: Iterable[Mapping[str, str]], max_seq_length: int,
+                    batch_size: int, doc_stride: int = 128, n_best: int = 20,
+                    max_answer_length: int = 30,
+                    null_threshold: float | None = None) -> list[str]:
+    """One answer per example ("" = no answer, only with `null_threshold`). Examples carry
+    `context` and `question`."""
+    per_example: list[tuple[list[str], list[squad_spans.Feature]]] = []
+    for ex in examples:
+        per_example.append(bert_preprocessors.squad_features(
+            vocab, ex["context"], ex["question"], None, max_seq_length, doc_stride))
+    flat = [f for _, features in per_example for f in features]
+    predict = jax.jit(model.predict)
+    starts, ends = [], []
+    for i in range(0, len(flat), batch_size):
+        chunk = flat[i:i + batch_size]
+        ids = np.zeros((batch_size, max_seq_length), np.int32)
+        segments = np.zeros_like(ids)
+        for row, f in enumerate(chunk):
+            ids[row, :len(f.input_ids)] = f.input_ids
+            segments[row, :len(f.segment_ids)] = f.segment_ids
+        batch = {"input_ids": ids, "segment_ids": segments, "input_mask": (ids != 0) * 1}
+        start_logits, end_logits = jax.device_get(predict(params, batch))
+        starts += list(np.asarray(start_logits)[:len(chunk)])
+        ends += list(np.asarray(end_logits)[:len(chunk)])
+    answers, k = [], 0
+    for words, features in per_example:
+        scored = [(starts[k + j], ends[k + j], f.valid, f.in_context)
+                  for j, f in enumerate(features)]
+        span = squad_spans.predict(scored, n_best, max_answer_length,
+                                   null_threshold=null_threshold)
+        answers.append("" if span is None else
+                       squad_spans.span_text(words, features[span.window], span))
+        k += len(features)
+    return answers
+
+
+def evaluate_task(model: Any, params: Any, task_name: str, split: str,
+                  feature_lengths: Mapping[str, int], batch_size: int,
+                  max_examples: int | None = None,
+                  null_threshold: float | None = None) -> dict[str, float]:
+    """EM and F1 on the raw examples of a `bert_squad_*` task's split. v2.0 tasks decode with
+    `null_threshold` (tau; 0.0 when not given)."""
+    task = seqio.get_mixture_or_task(task_name)
+    if null_threshold is None and task_name.endswith("v200"):
+        null_threshold = 0.0
+    raw = task.source.get_dataset(split, shuffle=False)
+    if max_examples:
+        raw = raw.take(max_examples)
+    examples, gold = [], []
+    for ex in raw.as_numpy_iterator():
+        examples.append({"context": ex["context"].decode(), "question": ex["question"].decode()})
+        gold.append([a.decode() for a in ex["answers"]["text"]])
+    vocab = task.output_features["inputs"].vocabulary
+    predictions = predict_answers(model, params, vocab, examples, feature_lengths["inputs"],
+                                  batch_size, null_threshold=null_threshold)
+    return metrics.squad(gold, predictions)
+

@@ -1,0 +1,182 @@
+"""BERT's fine-tuning inputs and decoding, checked against hand-built cases and the
+reference's own algorithms: pair truncation, [CLS]/[SEP] framing, SQuAD windows and answer
+positions, end-to-end SQuAD decoding, CoNLL entity F1, and the errors for a head or
+vocabulary that does not fit the task."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from t5x_like import bert_preprocessors as bp
+from t5x_like import metrics, squad_eval, squad_spans
+from t5x_like.config import ConfigError
+from t5x_like.data.wordpiece import WordPieceVocabulary
+
+WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat",
+         "a", "dog", "ran", "far", "away", "who", "where", "did", "go", "##s", "."]
+
+
+@pytest.fixture(scope="module")
+def vocab(tmp_path_factory):
+    path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
+    path.write_text("\n".join(WORDS) + "\n")
+    return WordPieceVocabulary(str(path))
+
+
+def _reference_truncate(len_a, len_b, budget):
+    """The reference's `_truncate_seq_pair`, one token at a time."""
+    while len_a + len_b > budget:
+        if len_a > len_b:
+            len_a -= 1
+        else:
+            len_b -= 1
+    return len_a, len_b
+
+
+def test_pair_truncation_equals_the_reference_loop():
+    for budget in range(1, 14):
+        for len_a in range(0, 16):
+            for len_b in range(0, 16):
+                got = bp.truncated_pair_lengths(tf.constant(len_a), tf.constant(len_b), budget)
+                assert tuple(int(x) for x in got) == _reference_truncate(len_a, len_b, budget), \
+                    (len_a, len_b, budget)
+
+
+def _frame(vocab, example, keys, length):
+    ds = tf.data.Dataset.from_tensors(example)
+    out = bp.frame_pair(vocab, keys)(ds, {"inputs": length})
+    return next(out.as_numpy_iterator())
+
+
+def test_sentence_pair_is_framed_with_cls_sep_and_segments(vocab):
+    ex = _frame(vocab, {"a": "the cat sat", "b": "a dog ran", "label": 1}, ("a", "b"), 16)
+    ids = {w: i for i, w in enumerate(WORDS)}
+    want = [ids[w] for w in ["[CLS]", "the", "cat", "sat", "[SEP]", "a", "dog", "ran", "[SEP]"]]
+    assert ex["inputs"].tolist() == want
+    assert ex["segment_ids"].tolist() == [0] * 5 + [1] * 4
+    assert ex["label"] == 1.0
+    # Too long: A (longer) is cut first, from its end, then they alternate.
+    ex = _frame(vocab, {"a": "the cat sat on the mat", "b": "dogs ran", "label": 0},
+                ("a", "b"), 9)
+    assert len(ex["inputs"]) == 9
+    assert [WORDS[i] for i in ex["inputs"]] == ["[CLS]", "the", "cat", "sat", "[SEP]", "dog",
+                                                 "##s", "ran", "[SEP]"]
+
+
+def test_single_sentence_keeps_one_segment(vocab):
+    ex = _frame(vocab, {"s": "the cat sat on the mat .", "label": 0}, ("s",), 6)
+    assert [WORDS[i] for i in ex["inputs"]] == ["[CLS]", "the", "cat", "sat", "on", "[SEP]"]
+    assert ex["segment_ids"].tolist() == [0] * 6
+
+
+def test_squad_windows_positions_and_max_context(vocab):
+    context = "the cat sat on the mat a dog ran far away"
+    answer_start = context.index("dog ran")
+    words, features = bp.squad_features(vocab, context, "who ran", ("dog ran", answer_start),
+                                        max_seq_length=11, doc_stride=3)
+    # 11 context pieces; room = 11 - 2 (query) - 3 = 6 per window, stride 3.
+    assert [len(f.input_ids) for f in features] == [11, 11, 10]
+    assert [f.token_to_word[4] for f in features] == [0, 3, 6]  # windows start at 0, 3, 6
+    # The answer (words 7-8) is inside windows 2 and 3 only.
+    spans = [(f.start_position, f.end_position) for f in features]
+    assert spans[0] == (0, 0)
+    for f, (s, e) in zip(features[1:], spans[1:]):
+        assert [words[f.token_to_word[i]] for i in (s, e)] == ["dog", "ran"]
+    # Each context word is "valid" (max context) in exactly one window.
+    owners = {}
+    for index, f in enumerate(features):
+        for position, word in f.token_to_word.items():
+            if f.valid[position]:
+                assert word not in owners
+                owners[word] = index
+    assert sorted(owners) == list(range(len(words)))
+
+
+class _PointingModel:
+    """A stand-in span model that puts its start/end logits on given piece ids."""
+
+    FEATURES = ("input_ids", "segment_ids", "input_mask", "start_position", "end_position")
+
+    def __init__(self, start_id, end_id):
+        self.start_id, self.end_id = start_id, end_id
+
+    def predict(self, params, batch):
+        ids = batch["input_ids"]
+        context = (batch["segment_ids"] == 1) | (ids == WORDS.index("[CLS]"))
+        return ((ids == self.start_id) & context) * 10.0, ((ids == self.end_id) & context) * 10.0
+
+
+def test_squad_decoding_recovers_the_answer_text_across_windows(vocab):
+    ids = {w: i for i, w in enumerate(WORDS)}
+    examples = [{"context": "the cat sat on the mat a dog ran far away",
+                 "question": "who ran"}]
+    # "ran" has its most context in the third window (start 6), where the span ends at
+    # "away"; the windows before score nothing there.
+    model = _PointingModel(ids["ran"], ids["away"])
+    answers = squad_eval.predict_answers(model, None, vocab, examples, max_seq_length=11,
+                                         batch_size=2, doc_stride=3)
+    assert answers == ["ran far away"]
+    assert metrics.squad([["ran far away", "a dog"]], answers) == {"em": 100.0, "f1": 100.0}
+    # v2.0: a null score that beats the best span by more than tau means "no answer".
+    model = _PointingModel(ids["[CLS]"], ids["[CLS]"])
+    assert squad_eval.predict_answers(model, None, vocab, examples, 11, 2, 3,
+                                      null_threshold=0.0) == [""]
+    assert metrics.squad([[]], [""]) == {"em": 100.0, "f1": 100.0}
+
+
+def test_conll_f1_counts_whole_entities():
+    tags = ("O", "B-PER", "I-PER", "B-LOC", "I-LOC")
+    f1 = metrics.conll_ner_f1(tags)
+    gold = [[1, 2, 0, 3], [0, 3, 4]]
+    # one entity right (PER), one with the wrong extent (LOC cut short), one right (LOC)
+    pred = [[1, 2, 0, 0], [0, 3, 0]]
+    out = f1(gold, pred)
+    # gold 3 entities, predicted 2 (PER, LOC[1:2] wrong) -> correct 1
+    assert out["precision"] == pytest.approx(50.0)
+    assert out["recall"] == pytest.approx(100.0 / 3)
+    assert out["f1"] == pytest.approx(40.0)
+    # an I- tag that starts a chunk counts as its beginning (conlleval)
+    assert f1([[2, 2]], [[1, 2]])["f1"] == pytest.approx(100.0)
+
+
+def test_head_that_does_not_fit_the_task_is_refused():
+    import tasks  # noqa: F401
+
+    from t5x_like import input_pipeline
+    from t5x_like.models import bert, bert_models
+
+    model = bert_models.BertClassifierModel(bert.BertConfig(vocab_size=4096), num_labels=2)
+    with pytest.raises(ConfigError, match="3 labels.*num_labels = 3"):
+        input_pipeline.check_num_labels(input_pipeline.resolve_task("bert_glue_mnli"), model)
+    with pytest.raises(ConfigError, match="1 \\(regression\\)"):
+        input_pipeline.check_num_labels(input_pipeline.resolve_task("bert_glue_stsb"), model)
+
+
+def test_vocabulary_of_another_size_than_the_model_is_refused(tmp_path):
+    import gin
+
+    import tasks  # noqa: F401
+
+    from t5x_like import input_pipeline
+
+    path = tmp_path / "vocab.txt"
+    path.write_text("\n".join(WORDS) + "\n")
+    gin.bind_parameter("bert_vocab_path.path", str(path))
+    task = input_pipeline.resolve_task("bert_glue_sst2")
+    with pytest.raises(ConfigError, match="21 pieces.*30522 token embeddings"):
+        input_pipeline.check_vocabulary(task, 30522)
+    input_pipeline.check_vocabulary(task, len(WORDS))
+
+
+def test_offline_word_order_task_is_balanced_and_fixed():
+    import seqio
+
+    import tasks  # noqa: F401
+
+    task = seqio.get_mixture_or_task("bert_offline_word_order")
+    ds = task.get_dataset({"inputs": 64}, split="validation", shuffle=False)
+    labels = [int(ex["label"]) for ex in ds.as_numpy_iterator()]
+    again = [int(ex["label"]) for ex in task.get_dataset(
+        {"inputs": 64}, split="validation", shuffle=False).as_numpy_iterator()]
+    assert labels == again and len(labels) > 200
+    assert 0.4 < np.mean(labels) < 0.6
