@@ -43,7 +43,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def register_configurables() -> None:
     """Import every module that defines gin configurables, so any of them can be bound."""
     import tasks  # noqa: F401  (bert_vocab_path, c4_files, text_corpus, ...)
-    from t5x_like import decoding, optimizers  # noqa: F401
+    from t5x_like import decoding, optimizers, squad_eval  # noqa: F401
     from t5x_like.models import bert_models, encoder_decoder  # noqa: F401
 
 

@@ -15,12 +15,14 @@ split, also once, and so is a WordPiece vocabulary for BERT.
 from __future__ import annotations
 
 import ast
+import contextlib
+import fcntl
 import hashlib
 import os
 import re
 import sysconfig
 import tempfile
-from typing import Iterator
+from typing import Iterator, Sequence
 
 CORPUS_VERSION = "v1"
 VALIDATION_PERCENT = 2
@@ -138,11 +140,35 @@ def _write_atomically(path: str, content: str) -> None:
     os.replace(tmp, path)
 
 
+@contextlib.contextmanager
+def _build_lock(name: str) -> Iterator[None]:
+    """One builder at a time across processes (the hosts of a multi-process run, test
+    workers): the others wait, then find the file built."""
+    os.makedirs(cache_dir(), exist_ok=True)
+    with open(os.path.join(cache_dir(), f".{name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _cached(paths: Sequence[str]) -> bool:
+    return all(os.path.exists(p) for p in paths)
+
+
 def ensure_corpus() -> dict[str, str]:
     """Gather the corpus unless cached; returns {split: path}."""
     paths = {split: split_path(split) for split in ("train", "validation")}
-    if all(os.path.exists(p) for p in paths.values()):
+    if _cached(list(paths.values())):
         return paths
+    with _build_lock("corpus"):
+        if not _cached(list(paths.values())):
+            _gather_corpus(paths)
+    return paths
+
+
+def _gather_corpus(paths: dict[str, str]) -> None:
     documents = gather_documents()
     if len(documents) < 100:
         raise RuntimeError(
@@ -153,7 +179,6 @@ def ensure_corpus() -> dict[str, str]:
     train = [d for d in documents if not is_validation(d)]
     _write_atomically(paths["validation"], "\n".join(validation) + "\n")
     _write_atomically(paths["train"], "\n".join(train) + "\n")
-    return paths
 
 
 def ensure_vocabulary() -> str:
@@ -164,6 +189,13 @@ def ensure_vocabulary() -> str:
     path = vocabulary_path()
     if os.path.exists(path):
         return path
+    with _build_lock("spm"):
+        if not os.path.exists(path):
+            _train_sentencepiece(path)
+    return path
+
+
+def _train_sentencepiece(path: str) -> None:
     import sentencepiece as spm
 
     corpus = ensure_corpus()["train"]
@@ -175,7 +207,6 @@ def ensure_vocabulary() -> str:
             input_sentence_size=200_000, shuffle_input_sentence=True, num_threads=2,
             max_sentence_length=1 << 16, minloglevel=2)
         os.replace(prefix + ".model", path)
-    return path
 
 
 def ensure_wordpiece_vocabulary() -> str:
@@ -184,6 +215,13 @@ def ensure_wordpiece_vocabulary() -> str:
     path = wordpiece_vocabulary_path()
     if os.path.exists(path):
         return path
+    with _build_lock("wordpiece"):
+        if not os.path.exists(path):
+            _learn_wordpiece(path)
+    return path
+
+
+def _learn_wordpiece(path: str) -> None:
     import tensorflow as tf
 
     from t5x_like.data import wordpiece
@@ -194,4 +232,3 @@ def ensure_wordpiece_vocabulary() -> str:
     pieces = pieces[:WORDPIECE_VOCAB_SIZE]
     pieces += [f"[unused{i}]" for i in range(WORDPIECE_VOCAB_SIZE - len(pieces))]
     _write_atomically(path, "\n".join(pieces) + "\n")
-    return path

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
+import gin
 import jax
 import numpy as np
 import seqio
@@ -20,12 +21,11 @@ from t5x_like import bert_preprocessors, metrics, squad_spans
 from t5x_like.data.wordpiece import WordPieceVocabulary
 
 
-def predict_answers(model: Any, params: Any, vocab: WordPieceVocabulary,
-                    examples: Iterable[Mapping[str, str]], max_seq_length: int,
-                    batch_size: int, doc_stride: int = 128, n_best: int = 20,
-                    max_answer_length: int = 30,
-                    null_threshold: float | None = None) -> list[str]:
-    """One answer per example ("" = no answer, only with `null_threshold`). Examples carry
+def best_answers(model: Any, params: Any, vocab: WordPieceVocabulary,
+                 examples: Iterable[Mapping[str, str]], max_seq_length: int, batch_size: int,
+                 doc_stride: int = 128, n_best: int = 20, max_answer_length: int = 30
+                 ) -> list[tuple[str, float]]:
+    """Per example: (the best span's text, null score - best span score). Examples carry
     `context` and `question`."""
     per_example: list[tuple[list[str], list[squad_spans.Feature]]] = []
     for ex in examples:
@@ -49,23 +49,41 @@ def predict_answers(model: Any, params: Any, vocab: WordPieceVocabulary,
     for words, features in per_example:
         scored = [(starts[k + j], ends[k + j], f.valid, f.in_context)
                   for j, f in enumerate(features)]
-        span = squad_spans.predict(scored, n_best, max_answer_length,
-                                   null_threshold=null_threshold)
-        answers.append("" if span is None else
-                       squad_spans.span_text(words, features[span.window], span))
+        span, null_score = squad_spans.best_and_null(scored, n_best, max_answer_length)
+        if span is None:
+            answers.append(("", np.inf))
+        else:
+            answers.append((squad_spans.span_text(words, features[span.window], span),
+                            null_score - span.score))
         k += len(features)
     return answers
 
 
+def predict_answers(model: Any, params: Any, vocab: WordPieceVocabulary,
+                    examples: Iterable[Mapping[str, str]], max_seq_length: int,
+                    batch_size: int, doc_stride: int = 128, n_best: int = 20,
+                    max_answer_length: int = 30,
+                    null_threshold: float | None = None) -> list[str]:
+    """One answer per example; "" (no answer) where `null_threshold` (tau) is given and the
+    null score beats the best span's by more than tau."""
+    return ["" if null_threshold is not None and diff > null_threshold else text
+            for text, diff in best_answers(model, params, vocab, examples, max_seq_length,
+                                           batch_size, doc_stride, n_best, max_answer_length)]
+
+
+@gin.configurable("squad_evaluation",
+                  allowlist=["null_threshold", "doc_stride", "n_best", "max_answer_length"])
 def evaluate_task(model: Any, params: Any, task_name: str, split: str,
                   feature_lengths: Mapping[str, int], batch_size: int,
-                  max_examples: int | None = None,
-                  null_threshold: float | None = None) -> dict[str, float]:
-    """EM and F1 on the raw examples of a `bert_squad_*` task's split. v2.0 tasks decode with
-    `null_threshold` (tau; 0.0 when not given)."""
+                  max_examples: int | None = None, null_threshold: float = 0.0,
+                  doc_stride: int = 128, n_best: int = 20,
+                  max_answer_length: int = 30) -> dict[str, float]:
+    """EM and F1 on the raw examples of a `bert_squad_*` task's split (settings from gin:
+    `squad_evaluation.null_threshold=...`). For v2.0 (`*_v200`) answers are "no answer" when
+    the null score wins by more than `null_threshold` (tau), and the tau that maximises F1
+    on this split is reported too (`best_f1`, `best_f1_threshold`: the paper tunes tau on the
+    dev set)."""
     task = seqio.get_mixture_or_task(task_name)
-    if null_threshold is None and task_name.endswith("v200"):
-        null_threshold = 0.0
     raw = task.source.get_dataset(split, shuffle=False)
     if max_examples:
         raw = raw.take(max_examples)
@@ -74,7 +92,14 @@ def evaluate_task(model: Any, params: Any, task_name: str, split: str,
         examples.append({"context": ex["context"].decode(), "question": ex["question"].decode()})
         gold.append([a.decode() for a in ex["answers"]["text"]])
     vocab = task.output_features["inputs"].vocabulary
-    predictions = predict_answers(model, params, vocab, examples, feature_lengths["inputs"],
-                                  batch_size, null_threshold=null_threshold)
-    return metrics.squad(gold, predictions)
+    answers = best_answers(model, params, vocab, examples, feature_lengths["inputs"],
+                           batch_size, doc_stride, n_best, max_answer_length)
+    if not task_name.endswith("v200"):
+        return metrics.squad(gold, [text for text, _ in answers])
+    predictions = ["" if diff > null_threshold else text for text, diff in answers]
+    scores = metrics.squad(gold, predictions)
+    span_f1 = [metrics.squad([g], [text])["f1"] / 100.0 for g, (text, _) in zip(gold, answers)]
+    tau, best_f1 = squad_spans.best_null_threshold([d for _, d in answers],
+                                                   [bool(g) for g in gold], span_f1)
+    return {**scores, "best_f1": best_f1, "best_f1_threshold": tau}
 

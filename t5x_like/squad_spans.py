@@ -78,11 +78,11 @@ def best_spans(start_logits: np.ndarray, end_logits: np.ndarray, valid: np.ndarr
     return sorted(spans, key=lambda s: -s.score)[:n_best]
 
 
-def predict(features: Sequence[tuple[np.ndarray, ...]],
-            n_best: int = 20, max_answer_length: int = 30, cls_index: int = 0,
-            null_threshold: float | None = None) -> Span | None:
-    """The answer span over all windows of an example (v1.1), or None for "no answer" when
-    `null_threshold` (v2.0's tau) is given and the null score wins. Each feature is
+def best_and_null(features: Sequence[tuple[np.ndarray, ...]], n_best: int = 20,
+                  max_answer_length: int = 30,
+                  cls_index: int = 0) -> tuple[Span | None, float]:
+    """The best span over all windows of an example and the null ("no answer") score, the
+    smallest start_logit[CLS] + end_logit[CLS] over the windows. Each feature is
     (start_logits, end_logits, valid[, in_context])."""
     candidates: list[Span] = []
     null_score = np.inf
@@ -90,11 +90,39 @@ def predict(features: Sequence[tuple[np.ndarray, ...]],
         candidates += best_spans(start_logits, end_logits, valid, n_best, max_answer_length, w,
                                  rest[0] if rest else None)
         null_score = min(null_score, float(start_logits[cls_index] + end_logits[cls_index]))
-    best = max(candidates, key=lambda s: s.score, default=None)
+    return max(candidates, key=lambda s: s.score, default=None), null_score
+
+
+def predict(features: Sequence[tuple[np.ndarray, ...]],
+            n_best: int = 20, max_answer_length: int = 30, cls_index: int = 0,
+            null_threshold: float | None = None) -> Span | None:
+    """The answer span over all windows of an example (v1.1), or None for "no answer" when
+    `null_threshold` (v2.0's tau) is given and the null score beats the best span's by more
+    than tau."""
+    best, null_score = best_and_null(features, n_best, max_answer_length, cls_index)
     if null_threshold is not None and (best is None or
                                        null_score - best.score > null_threshold):
         return None
     return best
+
+
+def best_null_threshold(score_diffs: Sequence[float], has_answer: Sequence[bool],
+                        span_scores: Sequence[float]) -> tuple[float, float]:
+    """Tune tau on a dev set as the paper does: (best threshold, the score it reaches in
+    percent). `score_diffs[i]` is example i's null score minus its best span score (answer
+    "no answer" when above tau); `has_answer[i]` whether it has gold answers; `span_scores[i]`
+    the EM or F1 of its best span. The official v2.0 script's search: start from all-null and
+    lower tau through the sorted differences (when all-null wins, tau is returned below every
+    difference, so applying it reproduces the score; the official script says 0.0)."""
+    n = len(score_diffs)
+    score = float(sum(not a for a in has_answer))  # everything predicted null
+    best_score, best_tau = score, min(score_diffs, default=0.0) - 1.0
+    for i in sorted(range(n), key=lambda i: score_diffs[i]):
+        # tau just below diff_i (at or above every earlier one): example i now answers
+        score += span_scores[i] if has_answer[i] else -1.0
+        if score > best_score:
+            best_score, best_tau = score, score_diffs[i]
+    return best_tau, 100.0 * best_score / max(n, 1)
 
 
 # ------------------------------------------------------------------------------ features

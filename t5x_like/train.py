@@ -175,6 +175,9 @@ def train(
     phase = _phase_at(phase_plan, start_step)
     feature_lengths = dict(phase_plan[phase][1])
     train_iter = train_batches(phase, start_step)
+    if len(phase_plan) > 1:
+        _log(f"step {start_step:>7}  phase {phase + 1} of {len(phase_plan)}: task feature "
+             f"lengths {feature_lengths}")
 
     # --- model state ----------------------------------------------------------------------
     rng = jax.random.key(seed)

@@ -49,8 +49,8 @@ def bert_vocab_lower_case(lower_case: bool = True) -> bool:
 BERT_VOCABULARY = WordPieceVocabulary(bert_vocab_path, bert_vocab_lower_case)
 
 
-def _features(*keys: str) -> dict[str, seqio.Feature]:
-    return {k: seqio.Feature(BERT_VOCABULARY, add_eos=False) for k in keys}
+def _features(*keys: str, rank: int = 1) -> dict[str, seqio.Feature]:
+    return {k: seqio.Feature(BERT_VOCABULARY, add_eos=False, rank=rank) for k in keys}
 
 
 NUM_LABELS: dict[str, int] = {}
@@ -58,11 +58,11 @@ NUM_LABELS: dict[str, int] = {}
 
 def _register(name: str, source: seqio.DataSource, preprocessors: Sequence[Callable],
               metric_fns: Sequence[Callable] = (), num_labels: int | None = None,
-              output_keys: Sequence[str] = ("inputs",)) -> seqio.Task:
+              output_keys: Sequence[str] = ("inputs",), rank: int = 1) -> seqio.Task:
     if num_labels is not None:
         NUM_LABELS[name] = num_labels
     return seqio.TaskRegistry.add(name, source=source, preprocessors=list(preprocessors),
-                                  output_features=_features(*output_keys),
+                                  output_features=_features(*output_keys, rank=rank),
                                   metric_fns=list(metric_fns))
 
 
@@ -108,7 +108,8 @@ for _version, _tfds in (("v110", "squad/v1.1:3.*.*"), ("v200", "squad/v2.0:3.*.*
               [bp.frame_squad(BERT_VOCABULARY)], [metrics.squad])
 
 _register("bert_hellaswag", seqio.TfdsDataSource("hellaswag:1.*.*"),
-          [bp.frame_choices(BERT_VOCABULARY, "context", "endings")], [metrics.accuracy], 4)
+          [bp.frame_choices(BERT_VOCABULARY, "context", "endings")], [metrics.accuracy], 4,
+          rank=2)  # (choices, length)
 
 CONLL2003_TAGS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC",
                   "I-MISC")

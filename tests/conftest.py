@@ -52,8 +52,13 @@ def _clean_gin():
 
 @pytest.fixture(scope="session", autouse=True)
 def offline_cache(tmp_path_factory):
-    """A per-session cache for the offline corpus and its vocabulary (built on first use), so
-    tests neither depend on nor write to the user's ~/.cache."""
-    path = tmp_path_factory.mktemp("t5x_like_cache")
+    """A per-session cache for the offline corpus and its vocabularies (built on first use),
+    so tests neither depend on nor write to the user's ~/.cache. pytest-xdist workers share
+    one (the builds take a lock), so each is built once per run, not once per worker."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the run's directory, above each worker's own
+    path = base / "t5x_like_cache"
+    path.mkdir(exist_ok=True)
     os.environ["T5X_LIKE_CACHE"] = str(path)
     return path

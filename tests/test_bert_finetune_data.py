@@ -124,6 +124,18 @@ def test_squad_decoding_recovers_the_answer_text_across_windows(vocab):
     assert metrics.squad([[]], [""]) == {"em": 100.0, "f1": 100.0}
 
 
+def test_null_threshold_search_follows_the_official_v2_script():
+    # Example: (null - best span score, has a gold answer, F1 of its best span)
+    diffs = [-2.0, -1.0, 0.5, 3.0]
+    has_answer = [True, False, True, False]
+    span_f1 = [1.0, 0.0, 0.5, 0.0]
+    # tau below -2: all null -> 2 right of 4 (the unanswerable ones) = 50%
+    # tau in [-2, -1): ex0 answers (+1.0) -> 75%;  [-1, 0.5): ex1 answers (-1) -> 50%
+    # [0.5, 3): ex2 answers (+0.5) -> 62.5%;  >= 3: ex3 answers (-1) -> 37.5%
+    assert squad_spans.best_null_threshold(diffs, has_answer, span_f1) == (-2.0, 75.0)
+    assert squad_spans.best_null_threshold([1.0], [False], [0.0]) == (0.0, 100.0)
+
+
 def test_conll_f1_counts_whole_entities():
     tags = ("O", "B-PER", "I-PER", "B-LOC", "I-LOC")
     f1 = metrics.conll_ner_f1(tags)
@@ -168,15 +180,18 @@ def test_vocabulary_of_another_size_than_the_model_is_refused(tmp_path):
     input_pipeline.check_vocabulary(task, len(WORDS))
 
 
-def test_offline_word_order_task_is_balanced_and_fixed():
-    import seqio
+def test_offline_word_order_examples_are_balanced_and_fixed():
+    import tasks
+    from tasks import offline
 
-    import tasks  # noqa: F401
+    def examples():
+        ds = tasks.bert.word_order_examples(offline.OFFLINE_SOURCE.get_dataset("validation"))
+        return [(ex["sentence"].decode(), int(ex["label"])) for ex in ds.as_numpy_iterator()]
 
-    task = seqio.get_mixture_or_task("bert_offline_word_order")
-    ds = task.get_dataset({"inputs": 64}, split="validation", shuffle=False)
-    labels = [int(ex["label"]) for ex in ds.as_numpy_iterator()]
-    again = [int(ex["label"]) for ex in task.get_dataset(
-        {"inputs": 64}, split="validation", shuffle=False).as_numpy_iterator()]
-    assert labels == again and len(labels) > 200
-    assert 0.4 < np.mean(labels) < 0.6
+    first = examples()
+    assert first == examples() and len(first) > 200
+    assert 0.4 < np.mean([label for _, label in first]) < 0.6
+    originals = {s for s, label in first if label == 1}
+    for sentence, label in first:
+        if label == 0:  # the same words, in another order
+            assert sentence not in originals and len(sentence.split()) >= 6

@@ -118,47 +118,47 @@ def _log_softmax(x):
 
 def test_multiple_choice_loss_is_softmax_over_choices():
     model = bert_models.BertMultipleChoiceModel(TINY, num_choices=4)
-    params = jax.device_get(nn_unbox(model.init(jax.random.key(0))))
+    params = jax.device_get(nn_unbox(jax.jit(model.init)(jax.random.key(0))))
     rng = np.random.default_rng(0)
     batch = {"input_ids": rng.integers(1, 50, (3, 4, 6)).astype(np.int32),
              "segment_ids": np.zeros((3, 4, 6), np.int32),
              "input_mask": np.ones((3, 4, 6), np.int32),
              "label": np.array([0, 3, 1], np.float32), "label_weights": np.ones(3, np.float32)}
-    scores = np.asarray(model.apply(params, batch))
+    scores = np.asarray(jax.jit(model.apply)(params, batch))
     want = -np.mean(_log_softmax(scores)[np.arange(3), [0, 3, 1]])
-    sums = model.loss_sums(params, batch)
+    sums = jax.jit(model.loss_sums)(params, batch)
     got = float(sums["loss_sum"] / model.loss_denominators(batch)["loss_sum"])
     assert got == pytest.approx(want, rel=1e-5)
 
 
 def test_span_loss_is_the_mean_of_start_and_end_cross_entropies():
     model = bert_models.BertSpanModel(TINY)
-    params = jax.device_get(nn_unbox(model.init(jax.random.key(0))))
+    params = jax.device_get(nn_unbox(jax.jit(model.init)(jax.random.key(0))))
     rng = np.random.default_rng(0)
     batch = {"input_ids": rng.integers(1, 50, (2, 8)).astype(np.int32),
              "segment_ids": np.zeros((2, 8), np.int32), "input_mask": np.ones((2, 8), np.int32),
              "start_position": np.array([3, 0], np.int32),
              "end_position": np.array([5, 0], np.int32),
              "label_weights": np.array([1.0, 1.0], np.float32)}
-    start, end = (np.asarray(x) for x in model.apply(params, batch))
+    start, end = (np.asarray(x) for x in jax.jit(model.apply)(params, batch))
     want = np.mean([-(_log_softmax(start)[0, 3] + _log_softmax(end)[0, 5]) / 2,
                     -(_log_softmax(start)[1, 0] + _log_softmax(end)[1, 0]) / 2])
-    sums = model.loss_sums(params, batch)
+    sums = jax.jit(model.loss_sums)(params, batch)
     got = float(sums["loss_sum"] / model.loss_denominators(batch)["loss_sum"])
     assert got == pytest.approx(want, rel=1e-5)
 
 
 def test_regression_head_uses_squared_error_and_padding_rows_do_not_count():
     model = bert_models.BertClassifierModel(TINY, num_labels=1)
-    params = jax.device_get(nn_unbox(model.init(jax.random.key(0))))
+    params = jax.device_get(nn_unbox(jax.jit(model.init)(jax.random.key(0))))
     rng = np.random.default_rng(0)
     batch = {"input_ids": rng.integers(1, 50, (3, 6)).astype(np.int32),
              "segment_ids": np.zeros((3, 6), np.int32), "input_mask": np.ones((3, 6), np.int32),
              "label": np.array([4.2, 0.5, 9.0], np.float32),
              "label_weights": np.array([1.0, 1.0, 0.0], np.float32)}
-    predicted = np.asarray(model.predict(params, batch))
+    predicted = np.asarray(jax.jit(model.predict)(params, batch))
     want = np.mean((predicted[:2] - batch["label"][:2]) ** 2)
-    sums = model.loss_sums(params, batch)
+    sums = jax.jit(model.loss_sums)(params, batch)
     got = float(sums["loss_sum"] / model.loss_denominators(batch)["loss_sum"])
     assert got == pytest.approx(want, rel=1e-5)
 
@@ -167,19 +167,14 @@ def test_feature_based_tagger_reads_the_last_four_layers_concatenated():
     cfg = bert.BertConfig(**{**TINY.__dict__, "num_layers": 5})
     module = bert.BertForTokenClassification(cfg, 3, feature_based=True, lstm_size=8)
     ids = jnp.asarray(np.random.default_rng(0).integers(1, 50, (2, 7)), jnp.int32)
-    params = nn_unbox(module.init(jax.random.key(0), ids)["params"])
-    _, _, layers = bert.BertEncoder(cfg).apply({"params": params["encoder"]}, ids,
-                                               return_all_layers=True)
+    params = nn_unbox(jax.eval_shape(module.init, jax.random.key(0), ids)["params"])
+    layers = jax.eval_shape(lambda p: bert.BertEncoder(cfg).apply(
+        {"params": p}, ids, return_all_layers=True), params["encoder"])[2]
     assert len(layers) == 5
     # The first BiLSTM's input width is 4 x hidden: the last four layers side by side.
     kernels = [x.shape for x in jax.tree_util.tree_leaves(params["bilstm_0"])]
     assert (4 * cfg.hidden_size, 4) in kernels
-    # Gradients never reach the encoder.
-    grads = jax.grad(lambda p: module.apply({"params": p}, ids).sum())(params)
-    assert all(float(jnp.abs(g).max()) == 0.0
-               for g in jax.tree_util.tree_leaves(grads["encoder"]))
-    assert any(float(jnp.abs(g).max()) > 0.0
-               for g in jax.tree_util.tree_leaves(grads["bilstm_0"]))
+    # (That the encoder stays frozen in training: test_bert_training.)
 
 
 def nn_unbox(tree):

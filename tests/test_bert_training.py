@@ -99,16 +99,25 @@ def test_tiny_two_phase_pretraining_run_lowers_the_masked_lm_loss(tmp_path, caps
         f"MODEL_DIR={model_dir}", "TRAIN_STEPS=60", "BATCH_SIZE=16",
         "train.phases=((0.8, {'inputs': 64, 'targets': 10}), (1.0, {'inputs': 128, "
         "'targets': 20}))", "train.log_every=10", "train.eval_every=60",
-        "train.checkpoint_every=30", "train.peak_learning_rate=2e-3", "train.warmup_steps=6"])
+        "train.checkpoint_every=50", "train.peak_learning_rate=2e-3", "train.warmup_steps=6"])
     state = train.train()
     out = capsys.readouterr().out
     mlm = _logged(out, "mlm_loss")
     assert len(mlm) == 6
     # ln(4096) = 8.32 at the start; the tiny model learns the frequent pieces fast.
     assert mlm[0] > 7.5 and mlm[-1] < mlm[0] - 1.0, mlm
-    assert "phase 2 of 2" in out and "eval loss" in out and "nsp_loss" in out
+    assert "step      48  phase 2 of 2" in out and "eval loss" in out and "nsp_loss" in out
     assert int(state.step) == 60
-    assert sorted(os.listdir(model_dir / "checkpoints")) == ["30", "60"]
+    assert sorted(os.listdir(model_dir / "checkpoints")) == ["50", "60"]
+    # A run stopped after step 50 resumes in phase 2, at length 128, from that checkpoint.
+    import shutil
+
+    shutil.rmtree(model_dir / "checkpoints" / "60")
+    state = train.train()
+    out = capsys.readouterr().out
+    assert "Resumed from the checkpoint at step 50" in out
+    assert "step      50  phase 2 of 2: task feature lengths {'inputs': 128" in out
+    assert int(state.step) == 60
     # The learning rate followed BERT's schedule to 0 at the last step.
     schedule = optimizers.bert_learning_rate(2e-3, 60, 6)
     assert float(schedule(59)) == pytest.approx(2e-3 / 60, rel=1e-5)
@@ -167,10 +176,10 @@ def test_fine_tuning_imported_minilm_beats_chance_on_offline_word_order(tmp_path
         # MiniLM's dimensions (the converter saved them; the model must be built the same)
         "BertConfig.hidden_size=384", "BertConfig.num_layers=6", "BertConfig.num_heads=12",
         "BertConfig.intermediate_size=1536", "BertConfig.vocab_size=30522",
-        "train.train_epochs=None", "TRAIN_STEPS=50", "BATCH_SIZE=16", "LEARNING_RATE=1e-4",
+        "train.train_epochs=None", "TRAIN_STEPS=30", "BATCH_SIZE=16", "LEARNING_RATE=1e-4",
         "train.task_feature_lengths={'inputs': 32}", "train.warmup_proportion=0.1",
-        "train.metrics_eval_every=50", "train.metrics_eval_examples=128", "train.log_every=25",
-        "train.checkpoint_every=50"]
+        "train.metrics_eval_every=30", "train.metrics_eval_examples=128", "train.log_every=15",
+        "train.checkpoint_every=30"]
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
     run = subprocess.run([sys.executable, "-m", "t5x_like.train",
                           "--gin_file=gin_configs/runs/bert_finetune.gin"]

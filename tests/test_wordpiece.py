@@ -24,9 +24,16 @@ def learned_vocab(tmp_path_factory):
     """A WordPiece vocab learned by the build tool from the offline corpus."""
     from t5x_like import offline_corpus
 
-    path = tmp_path_factory.mktemp("wordpiece") / "vocab.txt"
-    corpus = offline_corpus.ensure_corpus()["train"]
-    pieces = wordpiece.main(["--input", corpus, "--output", str(path), "--vocab_size", "2000"])
+    directory = tmp_path_factory.mktemp("wordpiece")
+    path = directory / "vocab.txt"
+    # A quarter of the offline corpus is plenty for a 2000-piece vocabulary, in a quarter of
+    # the time.
+    with open(offline_corpus.ensure_corpus()["train"]) as f:
+        lines = f.readlines()
+    corpus = directory / "corpus.txt"
+    corpus.write_text("".join(lines[: len(lines) // 4]))
+    pieces = wordpiece.main(["--input", str(corpus), "--output", str(path),
+                             "--vocab_size", "2000"])
     assert pieces[:5] == list(wordpiece.SPECIAL_TOKENS)
     return path
 

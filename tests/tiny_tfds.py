@@ -54,6 +54,7 @@ def build_tiny(name: str, examples: dict[str, list[dict]], data_dir: str,
     base = tfds.builder_cls(builder_name)
     attributes = {
         "name": base.name,  # not derived from the subclass' name
+        "__module__": base.__module__,  # builders find their metadata files beside it
         "_split_generators": lambda self, dl_manager: {
             split: ((i, ex) for i, ex in enumerate(rows)) for split, rows in examples.items()},
     }

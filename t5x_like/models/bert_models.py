@@ -249,15 +249,16 @@ class BertTaggerModel(_BertWrapper):
     FEATURES = _BertWrapper.FEATURES + ("labels", "label_weights")
 
     def __init__(self, config: bert.BertConfig | None = None, num_labels: int = 9,
-                 feature_based: bool = False) -> None:
+                 feature_based: bool = False, lstm_size: int = 768) -> None:
         self.num_labels = num_labels
         self.feature_based = feature_based
+        self.lstm_size = lstm_size
         self.frozen_modules = ("encoder",) if feature_based else ()
         super().__init__(config)
 
     def _make_module(self) -> nn.Module:
         return bert.BertForTokenClassification(self.config, self.num_labels,
-                                               self.feature_based)
+                                               self.feature_based, self.lstm_size)
 
     def feature_converter(self, pack: bool) -> bert_features.TaggingFeatureConverter:
         del pack
