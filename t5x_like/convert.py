@@ -1,11 +1,11 @@
 """Convert HuggingFace checkpoints to ours and back, optionally verifying them.
 
     python -m t5x_like.convert --from_hf DIR --to CKPT_DIR [--verify]
-    python -m t5x_like.convert --from_ckpt CKPT_DIR --to_hf DIR        (BERT)
+    python -m t5x_like.convert --from_ckpt CKPT_DIR --to_hf DIR        (BERT, GPT)
 
 DIR holds `config.json` and `model.safetensors` (or a sharded index; BERT also reads a
 `pytorch_model.bin` with torch's weights-only loader, which cannot run code). The family (T5 or
-BERT) comes from config.json's `model_type`. `--verify` runs transformers' PyTorch model and ours
+BERT, OpenAI GPT, GPT-2) comes from config.json's `model_type`. `--verify` runs transformers' PyTorch model and ours
 on the same batch, prints `max_abs_logit_diff=<x>` and exits non-zero (writing nothing) when a
 difference exceeds 1e-4. `--to_hf` exports a BERT checkpoint in HuggingFace's layout for
 serving elsewhere: BertForPreTraining for a pretraining run, BertForQuestionAnswering for a
@@ -19,19 +19,24 @@ from __future__ import annotations
 import argparse
 import sys
 
-from t5x_like.checkpoints import hf_bert, hf_reference, hf_t5, params_io
+from t5x_like.checkpoints import hf_bert, hf_gpt, hf_reference, hf_t5, params_io
 
 
 def _import(args: argparse.Namespace) -> int:
     family = hf_t5.read_config(args.from_hf).get("model_type", "t5")
-    loader = {"t5": hf_t5.load_hf_checkpoint, "bert": hf_bert.load_hf_checkpoint}.get(family)
+    loader = {"t5": hf_t5.load_hf_checkpoint, "bert": hf_bert.load_hf_checkpoint,
+              "openai-gpt": hf_gpt.load_hf_checkpoint,
+              "gpt2": hf_gpt.load_hf_checkpoint}.get(family)
     if loader is None:
-        print(f"error: config.json model_type={family!r}; supported: t5, bert.", file=sys.stderr)
+        print(f"error: config.json model_type={family!r}; supported: t5, bert, openai-gpt, "
+              "gpt2.", file=sys.stderr)
         return 2
     config, params = loader(args.from_hf)
     print(f"Read {args.from_hf}: {config}")
     if args.verify:
-        if family == "bert":
+        if family in ("openai-gpt", "gpt2"):
+            diffs = hf_reference.max_abs_gpt_differences(args.from_hf, config, params)
+        elif family == "bert":
             diffs = hf_reference.max_abs_bert_differences(
                 hf_reference.load_hf_bert(args.from_hf, has_heads="mlm" in params), config,
                 params)
@@ -57,11 +62,16 @@ def _export(args: argparse.Namespace) -> int:
 
     directory = params_io.checkpoint_directory(args.from_ckpt)
     config = params_io.restore_config(directory)
+    params = jax.device_get(params_io.restore_saved_params(directory))
+    if isinstance(config, hf_gpt.GPTConfig):
+        hf_gpt.save_hf_checkpoint(args.to_hf, params, config)
+        print(f"Wrote {args.to_hf} (config.json + model.safetensors, "
+              f"{hf_gpt.hf_config(config)['architectures'][0]} layout)")
+        return 0
     if not isinstance(config, hf_bert.BertConfig):
-        print("error: --to_hf exports BERT checkpoints; this one is a T5 model.",
+        print("error: --to_hf exports BERT and GPT checkpoints; this one is a T5 model.",
               file=sys.stderr)
         return 2
-    params = jax.device_get(params_io.restore_saved_params(directory))
     architecture = hf_bert.save_hf_checkpoint(args.to_hf, params, config,
                                               args.hf_architecture)
     print(f"Wrote {args.to_hf} (config.json + model.safetensors, {architecture} layout)")

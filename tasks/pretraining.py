@@ -15,7 +15,7 @@ import functools
 
 import seqio
 
-from t5x_like import objectives
+from t5x_like import objectives, preprocessors
 
 CORRUPTION_RATES = (10, 15, 25, 50)
 MEAN_SPAN_LENGTHS = (2, 3, 5, 10)
@@ -66,3 +66,24 @@ def register_objectives(prefix: str, source: seqio.DataSource, vocabulary: seqio
     for name, (objective, density, mean_span) in settings.items():
         register(name, source, vocabulary, text_key, objective, density, mean_span)
     return list(settings)
+
+
+def register_language_model(name: str, source: seqio.DataSource,
+                            vocabulary: seqio.Vocabulary, text_key: str = "text",
+                            max_tokens_per_row: int = 512) -> seqio.Task:
+    """A plain language-modelling task: documents as `targets` only, cut into pieces that fit a
+    row (a decoder-only model with seqio's DecoderFeatureConverter predicts every token)."""
+    return seqio.TaskRegistry.add(
+        name,
+        source=source,
+        preprocessors=[
+            functools.partial(seqio.preprocessors.rekey, key_map={"targets": text_key}),
+            seqio.preprocessors.tokenize,
+            seqio.CacheDatasetPlaceholder(),
+            functools.partial(preprocessors.split_tokens,
+                              max_tokens_per_segment=max_tokens_per_row - 1),
+            seqio.preprocessors.append_eos_after_trim,
+        ],
+        output_features={"targets": output_features(vocabulary)["targets"]},
+        metric_fns=[],
+    )

@@ -152,14 +152,13 @@ TINY_BERT = ["BertConfig.vocab_size=30", "BertConfig.hidden_size=32", "BertConfi
              "BertConfig.num_heads=2", "BertConfig.intermediate_size=64"]
 RECIPES = [
     pytest.param("bert_finetune_squad.gin", [], ("em", "f1"), id="squad"),
-    # SWAG's framing, head and loss have their own tests; its recipe run is in the slow set.
-    pytest.param("bert_finetune_swag.gin", [], ("accuracy",), id="swag",
-                 marks=pytest.mark.slow),
+    pytest.param("bert_finetune_swag.gin", [], ("accuracy",), id="swag"),
     pytest.param("bert_finetune_ner.gin", ["FEATURE_BASED=True", "BertTaggerModel.lstm_size=16"],
                  ("f1", "precision", "recall", "token_accuracy"), id="ner_feature_based"),
 ]
 
 
+@pytest.mark.slow  # training runs: in the slow set that .ci/run runs after the default suite
 @pytest.mark.parametrize("gin_file,extra,metric_names", RECIPES)
 def test_fine_tuning_recipe_runs_and_scores_validation(gin_file, extra, metric_names, data_dir,
                                                        tmp_path):

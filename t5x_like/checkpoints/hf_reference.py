@@ -116,3 +116,22 @@ def max_abs_bert_differences(hf_model: Any, config: Any, params: Any,
     return {"logit": float(np.max(np.abs(np.asarray(sequence)[real]
                                           - ref.last_hidden_state.numpy()[real]))),
             "pooled": float(np.max(np.abs(np.asarray(pooled) - ref.pooler_output.numpy())))}
+
+
+def max_abs_gpt_differences(checkpoint_dir: str, config: Any, params: Any,
+                            seed: int = 0) -> dict[str, float]:
+    """Largest |ours - reference| of the next-token logits of transformers' OpenAI GPT / GPT-2
+    LM-head model on a random batch."""
+    _require_torch()
+    import torch
+    import transformers
+
+    from t5x_like.models import decoder_only
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        checkpoint_dir, local_files_only=True).float().eval()
+    ids = np.random.default_rng(seed).integers(0, config.vocab_size, (2, 12))
+    with torch.no_grad():
+        ref = model(torch.tensor(ids)).logits.numpy()
+    ours = decoder_only.DecoderOnly(config).apply({"params": params}, ids)
+    return {"logit": float(np.max(np.abs(np.asarray(ours) - ref)))}

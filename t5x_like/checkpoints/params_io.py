@@ -43,11 +43,15 @@ def restore_config(directory: str, step: int | None = None) -> Any:
 
 
 def config_from_json(data: dict) -> Any:
-    """A T5Config, or a BertConfig for a config that says `"family": "bert"`."""
+    """A T5Config, or the BertConfig / GPTConfig a config's `"family"` names."""
     if data.get("family") == "bert":
         from t5x_like.models.bert import BertConfig
 
         return BertConfig.from_json(data)
+    if data.get("family") == "gpt":
+        from t5x_like.models.decoder_only import GPTConfig
+
+        return GPTConfig.from_json(data)
     return T5Config(**data)
 
 
