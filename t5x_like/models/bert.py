@@ -25,7 +25,7 @@ Array = jax.Array
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
-class BertConfig:
+class BertConfig(layers.FamilyConfig):
     """Dimensions of a BERT model; defaults are BERT-Base (110M parameters, uncased vocab)."""
 
     vocab_size: int = 30522
@@ -44,26 +44,11 @@ class BertConfig:
     # Fields that decide parameter shapes and meaning (checked when a checkpoint is loaded).
     ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads",
                            "intermediate_size", "max_position_embeddings", "type_vocab_size")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    def to_json(self) -> dict:
-        """Fields plus the family, so a checkpoint's config says which model it belongs to."""
-        return {"family": "bert", **dataclasses.asdict(self)}
-
-    @classmethod
-    def from_json(cls, data: dict) -> "BertConfig":
-        return cls(**{k: v for k, v in data.items() if k != "family"})
+    FAMILY = "bert"
 
 
 def layer_norm(cfg: BertConfig, name: str) -> nn.LayerNorm:
-    """LayerNorm with scale and bias (statistics in float32), tagged 'embed'."""
-    return nn.LayerNorm(epsilon=cfg.layer_norm_epsilon, dtype=jnp.dtype(cfg.dtype),
-                        param_dtype=jnp.float32, name=name,
-                        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-                        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))
+    return layers.layer_norm(cfg.layer_norm_epsilon, jnp.dtype(cfg.dtype), name)
 
 
 class Embeddings(nn.Module):

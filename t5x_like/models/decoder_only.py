@@ -25,7 +25,7 @@ Array = jax.Array
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
-class GPTConfig:
+class GPTConfig(layers.FamilyConfig):
     """Dimensions of a decoder-only model; defaults are GPT-1 (117M parameters, 40,478-entry
     BPE vocabulary, 512 positions)."""
 
@@ -46,24 +46,11 @@ class GPTConfig:
     ARCHITECTURE_FIELDS = ("vocab_size", "max_position_embeddings", "hidden_size",
                            "num_layers", "num_heads", "intermediate_size", "pre_layer_norm",
                            "activation")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    def to_json(self) -> dict:
-        return {"family": "gpt", **dataclasses.asdict(self)}
-
-    @classmethod
-    def from_json(cls, data: dict) -> "GPTConfig":
-        return cls(**{k: v for k, v in data.items() if k != "family"})
+    FAMILY = "gpt"
 
 
 def _layer_norm(cfg: GPTConfig, name: str) -> nn.LayerNorm:
-    return nn.LayerNorm(epsilon=cfg.layer_norm_epsilon, dtype=jnp.dtype(cfg.dtype),
-                        param_dtype=jnp.float32, name=name,
-                        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-                        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))
+    return layers.layer_norm(cfg.layer_norm_epsilon, jnp.dtype(cfg.dtype), name)
 
 
 def decoder_mask(tokens: Array, segment_ids: Array | None = None,

@@ -72,6 +72,33 @@ class RMSNorm(nn.Module):
         return (y * scale).astype(self.dtype)
 
 
+def layer_norm(epsilon: float, dtype: DType, name: str) -> nn.LayerNorm:
+    """BERT's and GPT's LayerNorm: scale and bias (statistics in float32), tagged 'embed'."""
+    return nn.LayerNorm(epsilon=epsilon, dtype=dtype, param_dtype=jnp.float32, name=name,
+                        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+                        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))
+
+
+class FamilyConfig:
+    """A model config's checkpoint JSON: its fields plus `FAMILY`, so a checkpoint says which
+    model it belongs to (`params_io.config_from_json` reads it back)."""
+
+    FAMILY = ""
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    def to_json(self) -> dict:
+        import dataclasses
+
+        return {"family": self.FAMILY, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_json(cls, data: dict):
+        return cls(**{k: v for k, v in data.items() if k != "family"})
+
+
 class Embed(nn.Module):
     """Token embedding table that can also act as the (tied) output projection."""
 
