@@ -16,10 +16,10 @@ import seqio
 import tensorflow as tf
 
 from t5x_like.config import ConfigError
+from t5x_like.models.encoder_decoder import EncoderDecoderModel
 
-MODEL_FEATURES = ("encoder_input_tokens", "encoder_segment_ids", "decoder_input_tokens",
-                  "decoder_target_tokens", "decoder_loss_weights", "decoder_segment_ids")
-# (T5's; another model family passes `model=` and brings its own converter and features)
+# T5's features by default; another model family passes `model=` with its own converter.
+MODEL_FEATURES = EncoderDecoderModel.FEATURES
 
 
 def resolve_task(name: str) -> seqio.Task | seqio.Mixture:
