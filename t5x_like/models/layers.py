@@ -161,6 +161,7 @@ class MlpBlock(nn.Module):
     dtype: DType = jnp.float32
     use_bias: bool = False
     kernel_init: Initializer = fan_in_normal()
+    output_kernel_init: Initializer | None = None  # `wo`'s own init (GPT-2's residual scaling)
 
     @nn.compact
     def __call__(self, x: Array, deterministic: bool = True) -> Array:
@@ -175,7 +176,8 @@ class MlpBlock(nn.Module):
             hidden = h if hidden is None else hidden * h
         hidden = nn.Dropout(self.dropout_rate, broadcast_dims=(-2,))(
             hidden, deterministic=deterministic)
-        return dense((emb_dim,), ("mlp",), ("embed",), name="wo")(hidden)
+        return dense((emb_dim,), ("mlp",), ("embed",), name="wo",
+                     kernel_init=self.output_kernel_init or self.kernel_init)(hidden)
 
 
 def _activation(name: str) -> Callable[[Array], Array]:
@@ -244,9 +246,10 @@ class RelativePositionBias(nn.Module):
 class MultiHeadAttention(nn.Module):
     """Dot-product attention with an optional autoregressive key/value cache.
 
-    With `decode=True` and an initialised cache, `inputs_q` holds one new position per example;
-    its key and value are written at `cache_index` and it attends to all cached positions up to
-    and including itself. The cache is created (all zeros) by calling the module once with
+    With `decode=True` and an initialised cache, `inputs_q` holds the new positions (one per
+    step, or a whole prompt at once); their keys and values are written at `cache_index` and
+    they attend to the cached positions so far (a single new position: all up to and including
+    itself; several: as the caller's mask says). The cache is created (all zeros) by calling the module once with
     `decode=True` on full-length inputs, which is how `init` is done for decoding.
     """
 
@@ -259,6 +262,7 @@ class MultiHeadAttention(nn.Module):
     # None: T5's fan-in init with the 1/sqrt(d_kv) logit scale folded into the query's; an
     # initializer: that init for every projection and an explicit 1/sqrt(d_kv) scale (BERT).
     kernel_init: Initializer | None = None
+    output_kernel_init: Initializer | None = None  # `out`'s own init (GPT-2's residual scaling)
 
     @nn.compact
     def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Array | None = None,
@@ -290,7 +294,7 @@ class MultiHeadAttention(nn.Module):
         weights = nn.Dropout(self.dropout_rate)(weights, deterministic=deterministic)
         out = jnp.einsum("bhqk,bkhd->bqhd", weights, value)
         return Dense((emb_dim,), ("heads", "kv"), ("embed",), dtype=self.dtype, name="out",
-                     use_bias=self.use_bias, kernel_init=init)(out)
+                     use_bias=self.use_bias, kernel_init=self.output_kernel_init or init)(out)
 
     def _update_cache(self, key: Array, value: Array, mask: Array | None,
                       bias: Array | None) -> tuple[Array, Array, Array | None, Array | None]:
@@ -301,15 +305,19 @@ class MultiHeadAttention(nn.Module):
         if not is_initialized:
             return key, value, mask, bias
         batch, max_len, _, _ = cached_key.value.shape
-        if key.shape[1] != 1:
-            raise ValueError(f"Cached decoding takes one position per step, got {key.shape[1]}.")
+        new_positions = key.shape[1]
         index = cache_index.value
         key = jax.lax.dynamic_update_slice(cached_key.value, key, (0, index, 0, 0))
         value = jax.lax.dynamic_update_slice(cached_value.value, value, (0, index, 0, 0))
         cached_key.value, cached_value.value = key, value
-        cache_index.value = index + 1
-        visible = (jnp.arange(max_len) <= index)[None, None, None, :]
+        cache_index.value = index + new_positions
+        # Keys written so far. One new position sees all of them (causality comes for free);
+        # a block of several (a prompt prefill) gets its causal or prefix structure from `mask`.
+        visible = (jnp.arange(max_len) < index + new_positions)[None, None, None, :]
+        if new_positions > 1 and mask is None:
+            raise ValueError("Writing several positions into the cache needs an explicit "
+                             "(batch, 1, new, max_len) mask.")
         mask = visible if mask is None else jnp.logical_and(mask, visible)
         if bias is not None:
-            bias = jax.lax.dynamic_slice_in_dim(bias, index, 1, axis=-2)
+            bias = jax.lax.dynamic_slice_in_dim(bias, index, new_positions, axis=-2)
         return key, value, mask, bias
