@@ -41,9 +41,13 @@ class Prediction:
 
 def make_predict_fn(model: EncoderDecoderModel, max_decode_length: int,
                     decode: decoding.DecodeConfig | None = None) -> PredictFn:
-    """A jitted (params, {'encoder_input_tokens'}) -> (tokens, scores)."""
+    """A jitted (params, {'inputs': padded input ids}) -> (tokens, scores) for any generating
+    model: the ids go in as the model's `PROMPT_FEATURE` (a decoder-only model's prompt) or
+    as T5's `encoder_input_tokens`."""
+    feature = getattr(model, "PROMPT_FEATURE", "encoder_input_tokens")
     return jax.jit(lambda params, batch: model.predict_batch(
-        params, batch, max_decode_length, return_scores=True, decode=decode))
+        params, {feature: batch["inputs"]}, max_decode_length, return_scores=True,
+        decode=decode))
 
 
 def _until_eos(tokens: Sequence[int], eos_id: int = 1) -> list[int]:
@@ -99,7 +103,7 @@ def predict(predict_fn: PredictFn, params: Any, examples: Iterable[dict[str, Any
     """Decode every example; text comes from `inputs_pretokenized` when present."""
     out = []
     for chunk, ids in _batches(examples, batch_size, inputs_length):
-        tokens, scores = jax.device_get(predict_fn(params, {"encoder_input_tokens": ids}))
+        tokens, scores = jax.device_get(predict_fn(params, {"inputs": ids}))
         for i, ex in enumerate(chunk):
             inputs = ex.get("inputs_pretokenized")
             target = ex.get("targets_pretokenized")

@@ -25,10 +25,11 @@ from clu import metric_writers
 from tqdm import tqdm
 
 from t5x_like import config as config_lib
-from t5x_like import (cli, classifier_eval, decoding, evaluation, input_pipeline, optimizers,
-                      partitioning, trainer)
+from t5x_like import (cli, classifier_eval, decoding, evaluation, flops, input_pipeline,
+                      optimizers, partitioning, trainer)
 from t5x_like.checkpoints import params_io
 from t5x_like.models.base import Model
+from t5x_like.models import t5
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
 
 
@@ -161,7 +162,8 @@ def train(
     table, _ = partitioning.parameter_table(layout.boxed_params, layout.state_shardings.params)
     state_bytes = partitioning.state_bytes_per_device(abstract, layout.state_shardings)
     report = (f"{partitioning.describe_mesh(mesh)}; rules {list(rules)}\n{table}\n"
-              f"parameters + optimizer state per device: {state_bytes:,} bytes")
+              f"parameters + optimizer state per device: {state_bytes:,} bytes\n"
+              f"{model_size_line(model, phase_plan[0][1], batch_size)}")
     _log(report)
     _write_text(os.path.join(model_dir, "partitioning.txt"), report + "\n")
 
@@ -257,6 +259,20 @@ def train(
         show_predictions(model, jax.device_get(state.params), task, feature_lengths,
                          num_predictions)
     return state
+
+
+def model_size_line(model: Model, feature_lengths: Mapping[str, int],
+                    batch_size: int) -> str:
+    """Parameter count and hand-counted model FLOPs (`flops.forward_flops`), so runs of
+    different architectures (the T5 paper's Table 2) can be compared at start-up."""
+    params = t5.count_params(model.abstract_params())
+    forward = flops.forward_flops(model.config, feature_lengths)
+    line = f"model: {type(model).__name__}, {params:,} parameters"
+    if forward is not None:
+        line += (f"; forward FLOPs per example at {dict(feature_lengths)}: {forward:.4g}; "
+                 f"per train step (x{flops.TRAINING_MULTIPLIER}, batch {batch_size}): "
+                 f"{forward * flops.TRAINING_MULTIPLIER * batch_size:.4g}")
+    return line
 
 
 def _evaluate_tasks(model: Model, params, task_names: Sequence[str],
@@ -380,25 +396,26 @@ def evaluate(eval_step, params, batches: Sequence[dict[str, np.ndarray]],
     return {k: float(v) for k, v in model.metrics(totals).items()}
 
 
-def show_predictions(model: EncoderDecoderModel, params, task: str,
-                     feature_lengths: Mapping[str, int], count: int) -> None:
-    """Print validation inputs with the model's greedy spans beside the true ones."""
+def show_predictions(model: Model, params, task: str, feature_lengths: Mapping[str, int],
+                     count: int) -> None:
+    """Print validation inputs with the model's greedy output beside the true targets (tasks
+    with inputs only: a plain language-modelling task has nothing to continue from)."""
     task_obj = input_pipeline.resolve_task(task)
-    split = "validation" if "validation" in task_obj.splits else "train"
-    ds = input_pipeline.get_dataset(task, feature_lengths, count, split, shuffle=False, seed=0,
-                                    num_epochs=1, pack=False)
-    batch = next(ds.as_numpy_iterator(), None)
-    if batch is None:
+    if "inputs" not in task_obj.output_features or "inputs" not in feature_lengths:
         return
-    predict = jax.jit(lambda p, b: model.predict_batch(p, b, feature_lengths["targets"]))
-    predicted = np.asarray(predict(params, {"encoder_input_tokens": batch["encoder_input_tokens"]}))
+    split = "validation" if "validation" in task_obj.splits else "train"
+    examples = list(evaluation.task_examples(task, split, feature_lengths, count))
+    if not examples:
+        return
     vocab = task_obj.output_features["targets"].vocabulary
+    predict_fn = evaluation.make_predict_fn(model, feature_lengths["targets"])
+    predictions = evaluation.predict(predict_fn, params, examples, vocab, len(examples),
+                                     feature_lengths["inputs"])
     print("\nPredictions on validation examples (greedy decoding):")
-    for i in range(len(predicted)):
-        inputs = vocab.decode(_until_eos(batch["encoder_input_tokens"][i]))
-        print(f"\n[{i}] input:     {_shorten(inputs)}")
-        print(f"    predicted: {_shorten(vocab.decode(_until_eos(predicted[i])))}")
-        true = vocab.decode(_until_eos(batch["decoder_target_tokens"][i]))
+    for i, (example, prediction) in enumerate(zip(examples, predictions)):
+        print(f"\n[{i}] input:     {_shorten(prediction.inputs)}")
+        print(f"    predicted: {_shorten(prediction.prediction)}")
+        true = vocab.decode(_until_eos(example["targets"]))
         print(f"    true:      {_shorten(true)}")
 
 

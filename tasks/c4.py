@@ -40,3 +40,8 @@ def c4_source() -> seqio.DataSource:
 
 C4_TASKS = pretraining.register_objectives(
     "c4_v220", source=text_files.LazySource(c4_source), vocabulary=c4_vocabulary())
+
+# Plain language modelling on C4 (GPT's objective; the T5 paper's "LM" rows of Table 2 for the
+# decoder-only language model): documents as targets, loss on every token.
+C4_LM_TASK = pretraining.register_language_model(
+    "c4_v220_lm", source=text_files.LazySource(c4_source), vocabulary=c4_vocabulary())

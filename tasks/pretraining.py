@@ -12,6 +12,7 @@ C4, local-shard and offline corpora.
 from __future__ import annotations
 
 import functools
+from typing import Mapping
 
 import seqio
 
@@ -68,11 +69,18 @@ def register_objectives(prefix: str, source: seqio.DataSource, vocabulary: seqio
     return list(settings)
 
 
+def split_to_rows(dataset, sequence_length: Mapping[str, int] | None = None,
+                  default_row_length: int = 512):
+    """Cut documents into pieces that fill a row of `sequence_length['targets']` with EOS
+    (`default_row_length` when no lengths are given), so no text is trimmed away."""
+    length = (sequence_length or {}).get("targets") or default_row_length
+    return preprocessors.split_tokens(dataset, max_tokens_per_segment=length - 1)
+
+
 def register_language_model(name: str, source: seqio.DataSource,
-                            vocabulary: seqio.Vocabulary, text_key: str = "text",
-                            max_tokens_per_row: int = 512) -> seqio.Task:
-    """A plain language-modelling task: documents as `targets` only, cut into pieces that fit a
-    row (a decoder-only model with seqio's DecoderFeatureConverter predicts every token)."""
+                            vocabulary: seqio.Vocabulary, text_key: str = "text") -> seqio.Task:
+    """A plain language-modelling task: documents as `targets` only, cut into pieces that fit
+    a row (a decoder-only model with seqio's DecoderFeatureConverter predicts every token)."""
     return seqio.TaskRegistry.add(
         name,
         source=source,
@@ -80,8 +88,7 @@ def register_language_model(name: str, source: seqio.DataSource,
             functools.partial(seqio.preprocessors.rekey, key_map={"targets": text_key}),
             seqio.preprocessors.tokenize,
             seqio.CacheDatasetPlaceholder(),
-            functools.partial(preprocessors.split_tokens,
-                              max_tokens_per_segment=max_tokens_per_row - 1),
+            split_to_rows,
             seqio.preprocessors.append_eos_after_trim,
         ],
         output_features={"targets": output_features(vocabulary)["targets"]},

@@ -7,7 +7,7 @@ tree reads the same as the checkpoints users already know.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Callable, Sequence
 
 import flax.linen as nn
 import gin
@@ -35,6 +35,10 @@ class T5Config:
     `logits_via_embedding=True` ties the output layer to the input embedding and scales the
     decoder output by emb_dim**-0.5 first (v1.0); False gives a separate `logits_dense` layer
     initialised with std emb_dim**-0.5 (v1.1).
+
+    `shared_encoder_decoder=True` is the T5 paper's "encoder-decoder, shared" (Table 2): one
+    stack of layers used twice, the decoder adding only its cross-attention (with its norm),
+    its own relative-position table and final norm. The "L/2 + L/2" row is plain layer counts.
     """
 
     vocab_size: int = 32128
@@ -52,6 +56,7 @@ class T5Config:
     layer_norm_epsilon: float = 1e-6
     dtype: str = "float32"
     float32_attention_logits: bool = True
+    shared_encoder_decoder: bool = False
 
     def __post_init__(self) -> None:
         # Gin hands lists; keep the config hashable so it can be a static jit argument.
@@ -74,31 +79,54 @@ def _attention(cfg: T5Config, name: str) -> layers.MultiHeadAttention:
         dtype=cfg.jnp_dtype, float32_logits=cfg.float32_attention_logits, name=name)
 
 
-def _norm(cfg: T5Config, name: str) -> layers.RMSNorm:
+def _norm(cfg: T5Config, name: str | None) -> layers.RMSNorm:
     return layers.RMSNorm(epsilon=cfg.layer_norm_epsilon, dtype=cfg.jnp_dtype, name=name)
 
 
-def _relpos(cfg: T5Config, bidirectional: bool) -> layers.RelativePositionBias:
+def _relpos(cfg: T5Config, bidirectional: bool,
+            name: str | None = "relpos_bias") -> layers.RelativePositionBias:
     return layers.RelativePositionBias(
         num_buckets=cfg.relative_attention_num_buckets,
         max_distance=cfg.relative_attention_max_distance, num_heads=cfg.num_heads,
-        bidirectional=bidirectional, dtype=cfg.jnp_dtype, name="relpos_bias")
+        bidirectional=bidirectional, dtype=cfg.jnp_dtype, name=name)
 
 
 class EncoderLayer(nn.Module):
+    """Self-attention then feed-forward, each pre-normed with a residual. `between` (used by
+    the shared encoder-decoder's decoder) runs between the two: its cross-attention."""
+
     cfg: T5Config
 
     @nn.compact
-    def __call__(self, x: Array, mask: Array, bias: Array, deterministic: bool) -> Array:
+    def __call__(self, x: Array, mask: Array | None, bias: Array, deterministic: bool,
+                 decode: bool = False, between: Callable[[Array], Array] | None = None
+                 ) -> Array:
         cfg = self.cfg
         dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
         h = _norm(cfg, "pre_attention_layer_norm")(x)
-        h = _attention(cfg, "attention")(h, h, mask, bias, deterministic)
+        h = _attention(cfg, "attention")(h, h, mask, bias, deterministic, decode)
         x = x + dropout(h, deterministic=deterministic)
+        if between is not None:
+            x = between(x)
         h = _norm(cfg, "pre_mlp_layer_norm")(x)
         h = layers.MlpBlock(cfg.mlp_dim, cfg.mlp_activations, cfg.dropout_rate, cfg.jnp_dtype,
                             name="mlp")(h, deterministic)
         return x + dropout(h, deterministic=deterministic)
+
+
+def _cross_attention_block(cfg: T5Config, encoded: Array, cross_mask: Array | None,
+                           deterministic: bool) -> Callable[[Array], Array]:
+    """Pre-normed encoder-decoder attention with its residual, as a function of the decoder
+    state (its modules belong to the calling decoder layer)."""
+    norm = _norm(cfg, "pre_cross_attention_layer_norm")
+    attention = _attention(cfg, "encoder_decoder_attention")
+    dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+
+    def block(x: Array) -> Array:
+        h = attention(norm(x), encoded, cross_mask, None, deterministic)
+        return x + dropout(h, deterministic=deterministic)
+
+    return block
 
 
 class DecoderLayer(nn.Module):
@@ -113,36 +141,54 @@ class DecoderLayer(nn.Module):
         h = _norm(cfg, "pre_self_attention_layer_norm")(x)
         h = _attention(cfg, "self_attention")(h, h, self_mask, bias, deterministic, decode)
         x = x + dropout(h, deterministic=deterministic)
-        h = _norm(cfg, "pre_cross_attention_layer_norm")(x)
-        h = _attention(cfg, "encoder_decoder_attention")(h, encoded, cross_mask, None,
-                                                         deterministic)
-        x = x + dropout(h, deterministic=deterministic)
+        x = _cross_attention_block(cfg, encoded, cross_mask, deterministic)(x)
         h = _norm(cfg, "pre_mlp_layer_norm")(x)
         h = layers.MlpBlock(cfg.mlp_dim, cfg.mlp_activations, cfg.dropout_rate, cfg.jnp_dtype,
                             name="mlp")(h, deterministic)
         return x + dropout(h, deterministic=deterministic)
 
 
+class SharedDecoderLayer(nn.Module):
+    """A decoder layer of the shared encoder-decoder: the encoder's layer `shared` (its
+    self-attention, now causal and cached, and its feed-forward) with this layer's own
+    cross-attention between them."""
+
+    cfg: T5Config
+    shared: nn.Module
+
+    @nn.compact
+    def __call__(self, x: Array, encoded: Array, self_mask: Array | None,
+                 cross_mask: Array | None, bias: Array, deterministic: bool,
+                 decode: bool = False) -> Array:
+        cross = _cross_attention_block(self.cfg, encoded, cross_mask, deterministic)
+        return self.shared(x, self_mask, bias, deterministic, decode, between=cross)
+
+
 class Encoder(nn.Module):
     cfg: T5Config
     shared_embedding: nn.Module
 
-    @nn.compact
-    def __call__(self, tokens: Array, mask: Array, deterministic: bool) -> Array:
+    def setup(self) -> None:
         cfg = self.cfg
-        dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
-        x = _constrain(dropout(self.shared_embedding(tokens), deterministic=deterministic))
+        self.relpos_bias = _relpos(cfg, bidirectional=True, name=None)
+        self.layers = [EncoderLayer(cfg) for _ in range(cfg.num_encoder_layers)]
+        self.encoder_norm = _norm(cfg, None)
+        self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+
+    def __call__(self, tokens: Array, mask: Array, deterministic: bool) -> Array:
+        x = _constrain(self.dropout(self.shared_embedding(tokens), deterministic=deterministic))
         length = tokens.shape[-1]
-        bias = _relpos(cfg, bidirectional=True)(length, length)
-        for i in range(cfg.num_encoder_layers):
-            x = _constrain(EncoderLayer(cfg, name=f"layers_{i}")(x, mask, bias, deterministic))
-        x = _norm(cfg, "encoder_norm")(x)
-        return _constrain(dropout(x, deterministic=deterministic))
+        bias = self.relpos_bias(length, length)
+        for layer in self.layers:
+            x = _constrain(layer(x, mask, bias, deterministic))
+        x = self.encoder_norm(x)
+        return _constrain(self.dropout(x, deterministic=deterministic))
 
 
 class Decoder(nn.Module):
     cfg: T5Config
     shared_embedding: nn.Module
+    encoder: nn.Module | None = None  # set: reuse its layers (shared encoder-decoder)
 
     @nn.compact
     def __call__(self, encoded: Array, decoder_input_tokens: Array, self_mask: Array | None,
@@ -155,8 +201,9 @@ class Decoder(nn.Module):
         length = max_decode_length if decode and max_decode_length else x.shape[-2]
         bias = _relpos(cfg, bidirectional=False)(length, length)
         for i in range(cfg.num_decoder_layers):
-            x = _constrain(DecoderLayer(cfg, name=f"layers_{i}")(
-                x, encoded, self_mask, cross_mask, bias, deterministic, decode))
+            layer = (DecoderLayer(cfg, name=f"layers_{i}") if self.encoder is None else
+                     SharedDecoderLayer(cfg, self.encoder.layers[i], name=f"layers_{i}"))
+            x = _constrain(layer(x, encoded, self_mask, cross_mask, bias, deterministic, decode))
         x = _norm(cfg, "decoder_norm")(x)
         x = dropout(x, deterministic=deterministic)
         if cfg.logits_via_embedding:
@@ -206,8 +253,13 @@ class Transformer(nn.Module):
     def setup(self) -> None:
         cfg = self.config
         self.token_embedder = layers.Embed(cfg.vocab_size, cfg.emb_dim, dtype=cfg.jnp_dtype)
+        if cfg.shared_encoder_decoder and cfg.num_encoder_layers != cfg.num_decoder_layers:
+            raise ValueError("A shared encoder-decoder uses one stack twice: set "
+                             "num_encoder_layers == num_decoder_layers "
+                             f"(got {cfg.num_encoder_layers} and {cfg.num_decoder_layers}).")
         self.encoder = Encoder(cfg, self.token_embedder)
-        self.decoder = Decoder(cfg, self.token_embedder)
+        self.decoder = Decoder(cfg, self.token_embedder,
+                               self.encoder if cfg.shared_encoder_decoder else None)
 
     def encode(self, encoder_input_tokens: Array, encoder_segment_ids: Array | None = None,
                enable_dropout: bool = False) -> Array:
