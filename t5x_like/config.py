@@ -44,7 +44,8 @@ def register_configurables() -> None:
     """Import every module that defines gin configurables, so any of them can be bound."""
     import tasks  # noqa: F401  (bert_vocab_path, c4_files, text_corpus, ...)
     from t5x_like import decoding, optimizers, squad_eval  # noqa: F401
-    from t5x_like.models import bert_models, decoder_only, encoder_decoder  # noqa: F401
+    from t5x_like.models import (bert_models, decoder_only, encoder_decoder,  # noqa: F401
+                                 gpt_finetune)
 
 
 def parse_gin(gin_files: Sequence[str] = (), bindings: Sequence[str] = ()) -> None:

@@ -107,17 +107,30 @@ def check_vocabulary(task_or_mixture: seqio.Task | seqio.Mixture, model_vocab_si
 
 
 def check_num_labels(task_or_mixture: seqio.Task | seqio.Mixture, model) -> None:
-    """A fine-tuning head must have as many outputs as the task has labels."""
-    from tasks import bert
+    """A fine-tuning head must have as many outputs as the task has labels (and for GPT-1's
+    heads, the task's way of combining sequences and the special tokens in the vocabulary)."""
+    from tasks import bert, gpt
 
     wanted = getattr(model, "num_labels", None)
+    combine = getattr(model, "combine", None)
+    name = type(model).__name__
     for task in _tasks_of(task_or_mixture):
-        labels = bert.NUM_LABELS.get(task.name)
+        labels = bert.NUM_LABELS.get(task.name, gpt.NUM_LABELS.get(task.name))
+        if combine is not None and task.name in gpt.COMBINE:
+            if gpt.COMBINE[task.name] != combine:
+                raise ConfigError(f"Task {task.name!r} frames its inputs for "
+                                  f"{name}.combine = {gpt.COMBINE[task.name]!r}, not "
+                                  f"{combine!r}; bind that.")
+            if getattr(model.config, "num_special_tokens", 0) < 3:
+                raise ConfigError(f"Task {task.name!r} uses GPT-1's start, delimiter and "
+                                  "extract tokens; bind GPTConfig.num_special_tokens = 3.")
+            if combine == "choices":
+                continue  # the head scores each candidate: no label count to match
         if wanted is not None and labels is not None and labels != wanted:
             kind = "1 (regression)" if labels == 1 else str(labels)
             raise ConfigError(
                 f"Task {task.name!r} has {kind} labels but the model's head has {wanted} "
-                f"outputs; bind {type(model).__name__}.num_labels = {labels}.")
+                f"outputs; bind {name}.num_labels = {labels}.")
 
 
 def steps_for_epochs(task_or_mixture: seqio.Task | seqio.Mixture, epochs: float,

@@ -81,21 +81,25 @@ def t5_adafactor(learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransfo
     ))
 
 
-SCHEDULES = ("inverse_sqrt", "constant", "linear_decay")
+SCHEDULES = ("inverse_sqrt", "constant", "linear_decay", "cosine")
 
 
 def learning_rate_schedule(name: str = "inverse_sqrt", warmup_steps: int = 10_000,
                            scale: float = 1.0, constant: float = 0.001, peak: float = 1e-4,
                            total_steps: int = 1_000_000) -> optax.Schedule:
     """T5's two schedules, pretraining's 1/sqrt(max(step, k)) and fine-tuning's constant 0.001
-    (section 3.1.2), and BERT's linear warm-up to `peak` then linear decay to 0 at
-    `total_steps` ('linear_decay')."""
+    (section 3.1.2), BERT's (and GPT-1 fine-tuning's) linear warm-up to `peak` then linear
+    decay to 0 at `total_steps` ('linear_decay'), and GPT-1 pretraining's linear warm-up then
+    cosine annealing to 0 ('cosine')."""
     if name == "inverse_sqrt":
         return inverse_sqrt_schedule(warmup_steps, scale)
     if name == "constant":
         return optax.constant_schedule(constant)
     if name == "linear_decay":
         return bert_learning_rate(peak, total_steps, warmup_steps)
+    if name == "cosine":  # GPT-1 pretraining: linear warm-up to `peak`, cosine anneal to 0
+        return optax.warmup_cosine_decay_schedule(0.0, peak, max(warmup_steps, 1),
+                                                  max(total_steps, warmup_steps + 1), 0.0)
     from t5x_like.config import ConfigError
 
     raise ConfigError(f"train.learning_rate_schedule={name!r}; choose one of {SCHEDULES}.")

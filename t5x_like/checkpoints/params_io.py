@@ -152,11 +152,59 @@ def _graft(directory: str, step: int | None, saved_tree: dict, abstract_params: 
     if not shared:
         raise ConfigError(f"The checkpoint in {directory} shares no module with this model "
                           f"(checkpoint: {sorted(saved_tree)}; model: {sorted(abstract_params)}).")
-    restored = restore_params(directory, {k: abstract_params[k] for k in shared}, step)
-    params = dict(fresh_params())
+    wanted = {k: abstract_params[k] for k in shared}
+    as_saved, grown = _saved_shapes(wanted, {k: saved_tree[k] for k in shared}, directory)
+    restored = restore_params(directory, as_saved, step)
+    fresh = dict(fresh_params())
+    if grown:
+        restored = _grow_rows(restored, fresh, wanted)
+    params = dict(fresh)
     params.update(restored)
     new = sorted(k for k in abstract_params if k not in saved_tree)
     dropped = sorted(k for k in saved_tree if k not in abstract_params)
     print(f"From {directory}: {', '.join(shared)}; newly initialised: {', '.join(new) or '-'}; "
-          f"unused from the checkpoint: {', '.join(dropped) or '-'}", flush=True)
+          f"unused from the checkpoint: {', '.join(dropped) or '-'}"
+          + "".join(f"; {g}" for g in grown), flush=True)
     return params
+
+
+def _saved_shapes(wanted: Params, saved: dict, directory: str) -> tuple[Params, list[str]]:
+    """The restore target: the model's shapes, except tables the model extends with extra
+    rows (GPT-1's special tokens after a pretrained vocabulary), read at their saved shape
+    (replicated) to be grown by `_grow_rows`. Any other shape difference is refused."""
+    import jax
+
+    from t5x_like.config import ConfigError
+
+    grown: list[str] = []
+
+    def target(path, leaf, meta):
+        shape, saved_shape = tuple(leaf.shape), tuple(meta.shape)
+        if shape == saved_shape:
+            return leaf
+        name = "/".join(str(getattr(k, "key", k)) for k in path)
+        if shape[1:] != saved_shape[1:] or shape[0] < saved_shape[0]:
+            raise ConfigError(f"{name} is {saved_shape} in the checkpoint in {directory} but "
+                              f"{shape} in this model.")
+        grown.append(f"{name} extended from {saved_shape[0]} to {shape[0]} rows (new rows "
+                     "freshly initialised)")
+        replicated = jax.sharding.NamedSharding(leaf.sharding.mesh,
+                                                jax.sharding.PartitionSpec())
+        return jax.ShapeDtypeStruct(saved_shape, leaf.dtype, sharding=replicated)
+
+    return jax.tree_util.tree_map_with_path(target, wanted, saved), grown
+
+
+def _grow_rows(restored: Params, fresh: Params, wanted: Params) -> Params:
+    """Saved rows first, then the fresh initialisation's remaining rows, on the model's
+    sharding."""
+    import jax
+
+    def grow(old, new_init, leaf):
+        if old.shape == tuple(leaf.shape):
+            return old
+        rows = jax.device_get(new_init).copy()
+        rows[:old.shape[0]] = jax.device_get(old)
+        return jax.device_put(rows, leaf.sharding)
+
+    return jax.tree_util.tree_map(grow, restored, {k: fresh[k] for k in restored}, wanted)

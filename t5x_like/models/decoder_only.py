@@ -60,6 +60,9 @@ class GPTConfig(layers.FamilyConfig):
     initialization: str = "normal"  # N(0, initializer_range); or 't5'
     tie_embeddings: bool = True
     scale_residual_init: bool = False  # GPT-2: output projections' std / sqrt(2 * num_layers)
+    # GPT-1 fine-tuning's learned start / delimiter / extract tokens: embedding rows after the
+    # vocabulary (ids vocab_size, vocab_size + 1, ...), added to a pretrained model's table.
+    num_special_tokens: int = 0
 
     ARCHITECTURE_FIELDS = ("vocab_size", "max_position_embeddings", "hidden_size",
                            "num_layers", "num_heads", "intermediate_size", "pre_layer_norm",
@@ -81,6 +84,10 @@ class GPTConfig(layers.FamilyConfig):
     def activations(self) -> tuple[str, ...]:
         """MlpBlock activations: 'gated-gelu' is T5 v1.1's GEGLU."""
         return ("gelu", "linear") if self.activation == "gated-gelu" else (self.activation,)
+
+    @property
+    def embedding_rows(self) -> int:
+        return self.vocab_size + self.num_special_tokens
 
     @property
     def learned_positions(self) -> bool:
@@ -165,7 +172,7 @@ class DecoderOnly(nn.Module):
         dtype = jnp.dtype(cfg.dtype)
         embedding_init = (nn.initializers.normal(stddev=1.0) if cfg.initialization == "t5"
                           else nn.initializers.normal(stddev=cfg.initializer_range))
-        self.words = layers.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype,
+        self.words = layers.Embed(cfg.embedding_rows, cfg.hidden_size, dtype=dtype,
                                   embedding_init=embedding_init, name="token_embeddings")
         if cfg.learned_positions:
             self.positions = layers._param(self, "position_embeddings", embedding_init,
@@ -182,7 +189,7 @@ class DecoderOnly(nn.Module):
         self.final_norm = _norm(cfg, "final_norm") if cfg.pre_layer_norm else None
         if not cfg.tie_embeddings:
             self.logits_dense = layers.Dense(
-                (cfg.vocab_size,), ("embed",), ("vocab",), dtype=dtype,
+                (cfg.embedding_rows,), ("embed",), ("vocab",), dtype=dtype,
                 kernel_init=(layers.fan_in_normal() if cfg.initialization == "t5"
                              else layers.normal(cfg.initializer_range)), name="logits_dense")
 
