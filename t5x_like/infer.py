@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import gin
 import jax
@@ -25,10 +25,13 @@ import numpy as np
 from t5x_like import cli, decoding, evaluation, input_pipeline
 from t5x_like.config import ConfigError
 from t5x_like.eval import default_output_dir, restore_model
+from t5x_like.models.encoder_decoder import EncoderDecoderModel
 
 
-def read_inputs(path: str, vocabulary, inputs_length: int) -> Iterator[dict[str, Any]]:
-    """Examples from a .txt (one input a line) or .jsonl (`inputs` field) file."""
+def read_inputs(path: str, vocabulary, inputs_length: int,
+                add_eos: bool = True) -> Iterator[dict[str, Any]]:
+    """Examples from a .txt (one input a line) or .jsonl (`inputs` field) file; EOS ends each
+    input as in the tasks' examples, unless `add_eos=False` (a prompt to continue)."""
     if not os.path.exists(path):
         raise ConfigError(f"infer.input_file {path} does not exist.")
     with open(path, encoding="utf-8") as f:
@@ -42,7 +45,8 @@ def read_inputs(path: str, vocabulary, inputs_length: int) -> Iterator[dict[str,
                 if "inputs" not in record:
                     raise ConfigError(f"{path}:{n} has no 'inputs' field.")
                 text = record["inputs"]
-            ids = list(vocabulary.encode(text))[:inputs_length - 1] + [vocabulary.eos_id]
+            ids = list(vocabulary.encode(text))[:inputs_length - int(add_eos)]
+            ids += [vocabulary.eos_id] if add_eos else []
             yield {"inputs": np.array(ids, np.int32), "inputs_pretokenized": text.encode()}
 
 
@@ -50,16 +54,21 @@ def read_inputs(path: str, vocabulary, inputs_length: int) -> Iterator[dict[str,
 def infer(checkpoint: str | None = None, task: str | None = None, split: str = "validation",
           input_file: str | None = None, output_file: str | None = None,
           task_feature_lengths: Mapping[str, int] = (("inputs", 512), ("targets", 114)),
-          batch_size: int = 32, max_examples: int | None = None) -> list[dict[str, Any]]:
+          batch_size: int = 32, max_examples: int | None = None,
+          model_class: Callable[[], Any] = EncoderDecoderModel,
+          add_eos: bool = True) -> list[dict[str, Any]]:
+    """Predictions of `model_class` (T5 by default; `@DecoderOnlyModel` continues each input
+    as its prompt, `add_eos=False` for a plain language model) for a file or a task split."""
     if not task:
         raise ConfigError("infer.task (--gin.INFER_TASK=...) names the task whose vocabulary "
                           "(and, without infer.input_file, whose examples) to use.")
     feature_lengths = dict(task_feature_lengths)
     task_obj = input_pipeline.resolve_task(task)
     vocabulary = task_obj.output_features["targets"].vocabulary
-    examples = (read_inputs(input_file, vocabulary, feature_lengths["inputs"]) if input_file
+    examples = (read_inputs(input_file, vocabulary, feature_lengths["inputs"], add_eos)
+                if input_file
                 else evaluation.task_examples(task, split, feature_lengths, max_examples))
-    model, params = restore_model(checkpoint)
+    model, params = restore_model(checkpoint, model_class)
     predict_fn = evaluation.make_predict_fn(model, feature_lengths["targets"],
                                             decoding.DecodeConfig())
     predictions = evaluation.predict(predict_fn, params, examples, vocabulary, batch_size,

@@ -131,3 +131,42 @@ def test_prompt_longer_than_the_position_table_is_refused():
     params = model.init(jax.random.key(0))
     with pytest.raises(ValueError, match="learned positions"):
         model.predict_batch(params, {"prompt_tokens": np.ones((1, 30), np.int32)}, 8)
+
+
+def test_infer_command_continues_prompts_with_a_decoder_only_checkpoint(tmp_path):
+    """`python -m t5x_like.infer` with `infer.model_class=@DecoderOnlyModel` and
+    `add_eos=False` writes, for each line of a prompt file, the greedy continuation that the
+    cache-free full forward pass produces."""
+    import json
+
+    from t5x_like import infer
+    from t5x_like.checkpoints import params_io
+    from t5x_like.models import t5
+    from tasks import offline
+
+    config = GPTConfig(vocab_size=2048, max_position_embeddings=64, hidden_size=32,
+                       num_layers=2, num_heads=4, intermediate_size=64, dropout_rate=0.0,
+                       attention_dropout_rate=0.0)
+    model = DecoderOnlyModel(config, attention="causal")
+    params = t5.nn.meta.unbox(model.init(jax.random.key(5)))
+    params_io.save_params(str(tmp_path / "ckpt"), params, config)
+    prompts = ["The attribute reference", "A name"]
+    (tmp_path / "prompts.txt").write_text("\n".join(prompts) + "\n")
+    out = tmp_path / "out.jsonl"
+    size = [f"GPTConfig.{k}={getattr(config, k)}" for k in (
+        "vocab_size", "max_position_embeddings", "hidden_size", "num_layers", "num_heads",
+        "intermediate_size")]
+    assert infer.main([
+        "--gin_file=gin_configs/runs/infer.gin", f"--gin.CHECKPOINT={tmp_path / 'ckpt'}",
+        "--gin.INFER_TASK=offline_lm", f"--gin.infer.input_file={tmp_path / 'prompts.txt'}",
+        f"--gin.infer.output_file={out}", "--gin.infer.model_class=@DecoderOnlyModel",
+        "--gin.DecoderOnlyModel.attention='causal'", "--gin.infer.add_eos=False",
+        "--gin.infer.task_feature_lengths={'inputs': 16, 'targets': 5}",
+        *[f"--gin.{b}" for b in size]]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    vocabulary = offline.OfflineVocabulary()
+    for record, prompt in zip(records, prompts):
+        expected, _ = _reference_greedy(model, params, list(vocabulary.encode(prompt)), 5)
+        expected = expected[:expected.index(1)] if 1 in expected else expected
+        assert record["inputs"] == prompt
+        assert record["prediction"] == vocabulary.decode([t for t in expected if t])

@@ -42,11 +42,22 @@ def config_from_hf(hf: dict[str, Any]) -> GPTConfig:
         dropout_rate=hf.get("resid_pdrop", 0.1), attention_dropout_rate=hf.get("attn_pdrop", 0.1),
         layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-5),
         initializer_range=hf.get("initializer_range", 0.02),
-        pre_layer_norm=model_type == "gpt2", activation=_ACTIVATIONS[act])
+        pre_layer_norm=model_type == "gpt2", activation=_ACTIVATIONS[act],
+        scale_residual_init=model_type == "gpt2")
+
+
+# Layer options that transformers' GPT classes cannot express (the T5-paper language model).
+_HF_LAYOUT = {"norm": "layer_norm", "use_bias": True, "position_encoding": "learned",
+              "initialization": "normal", "tie_embeddings": True, "num_special_tokens": 0}
 
 
 def hf_config(cfg: GPTConfig) -> dict[str, Any]:
     """config.json for transformers: GPT-2 for a pre-LN model, OpenAI GPT otherwise."""
+    different = {k: getattr(cfg, k) for k, v in _HF_LAYOUT.items() if getattr(cfg, k) != v}
+    if different:
+        raise CheckpointError(f"transformers' GPT models have no equivalent of {different}; "
+                              "only GPT-1/GPT-2-style models export (T5-style language models "
+                              "stay in this codebase's checkpoint format).")
     act = {v: k for k, v in _ACTIVATIONS.items() if k != "gelu_pytorch_tanh"}[cfg.activation]
     common = {"vocab_size": cfg.vocab_size, "n_positions": cfg.max_position_embeddings,
               "n_embd": cfg.hidden_size, "n_layer": cfg.num_layers, "n_head": cfg.num_heads,
