@@ -51,17 +51,19 @@ def padded_frame(a: tf.Tensor, b: tf.Tensor | None, length: int,
     return tf.pad(row, [[0, length - tf.size(row)]])
 
 
-def transform(vocabulary: seqio.Vocabulary, kind: str, text_keys: Sequence[str],
-              label_key: str = "label",
+def transform(kind: str, text_keys: Sequence[str], label_key: str = "label",
               label_map: Callable[[tf.Tensor], tf.Tensor] | None = None) -> Callable:
-    """A seqio preprocessor applying one of GPT-1's `TRANSFORMS`. For 'choices', `text_keys`
-    is (context key, candidates key) with the candidates a string list per example."""
+    """A seqio preprocessor applying one of GPT-1's `TRANSFORMS`, tokenizing with the task's
+    `inputs` vocabulary. For 'choices', `text_keys` is (context key, candidates key) with the
+    candidates a string list per example."""
     if kind not in TRANSFORMS:
         raise ValueError(f"Unknown GPT input transformation {kind!r}; choose one of "
                          f"{TRANSFORMS}.")
 
-    def preprocess(ds: tf.data.Dataset, sequence_length: Mapping[str, int]) -> tf.data.Dataset:
+    def preprocess(ds: tf.data.Dataset, sequence_length: Mapping[str, int],
+                   output_features: Mapping[str, seqio.Feature]) -> tf.data.Dataset:
         length = sequence_length["inputs"]
+        vocabulary = output_features["inputs"].vocabulary
         ids = special_token_ids()
 
         def encode(text):

@@ -38,7 +38,7 @@ def _register(name: str, source: seqio.DataSource, vocabulary: seqio.Vocabulary,
     rank = 1 if COMBINE[name] == "single" else 2
     return seqio.TaskRegistry.add(
         name, source=source,
-        preprocessors=[*pre, gp.transform(vocabulary, kind, text_keys)],
+        preprocessors=[*pre, gp.transform(kind, text_keys)],
         output_features={"inputs": seqio.Feature(vocabulary, add_eos=False, rank=rank)},
         metric_fns=list(metric_fns))
 

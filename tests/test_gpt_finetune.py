@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import seqio
 import tensorflow as tf
 
 from t5x_like import gpt_preprocessors as gp
@@ -28,7 +29,8 @@ START, DELIM, EXTRACT = 32, 33, 34
 def _framed(kind, example, text_keys, length=12):
     gin.bind_parameter("GPTConfig.vocab_size", 32)
     ds = tf.data.Dataset.from_tensors(example)
-    out = gp.transform(VOCAB, kind, text_keys)(ds, {"inputs": length})
+    out = gp.transform(kind, text_keys)(ds, {"inputs": length},
+                                        {"inputs": seqio.Feature(VOCAB, add_eos=False)})
     return next(iter(out.as_numpy_iterator()))
 
 
@@ -162,3 +164,58 @@ def test_trainer_refuses_a_head_that_does_not_fit_the_task():
     with pytest.raises(ConfigError, match="num_labels = 1"):
         input_pipeline.check_num_labels(input_pipeline.resolve_task("gpt_glue_stsb"),
                                         GPTClassifierModel(CONFIG, combine="sum_orderings"))
+
+
+RACE_EXAMPLE = {"article": "the cat sat on the mat", "questions": ["who sat", "where"],
+                "answers": ["B", "D"],
+                "options": [["dog", "cat", "mat", "far"], ["on", "the", "far", "mat"]],
+                "example_id": "high1.txt"}
+GLUE_MRPC = {"sentence1": "the cat sat", "sentence2": "a dog ran", "label": 1, "idx": 0}
+
+
+@pytest.fixture(scope="module")
+def tiny_benchmarks(tmp_path_factory):
+    """gpt_glue_mrpc and gpt_race_high on tiny real TFDS builds, read with the word-level test
+    vocabulary (the C4 SentencePiece model cannot be downloaded here)."""
+    import tasks  # noqa: F401
+    from tests.tiny_tfds import build_tiny
+
+    path = str(tmp_path_factory.mktemp("tfds"))
+    build_tiny("glue/mrpc", {"train": [GLUE_MRPC] * 2, "validation": [GLUE_MRPC]}, path)
+    build_tiny("race/high", {"train": [RACE_EXAMPLE], "dev": [RACE_EXAMPLE],
+                             "test": [RACE_EXAMPLE]}, path)
+    names = {}
+    for name, rank in (("gpt_glue_mrpc", 2), ("gpt_race_high", 2)):
+        task = seqio.get_mixture_or_task(name)
+        task.source.tfds_dataset.override_data_dir(path)
+        variant = task.replace(name=f"{name}_words", output_features={
+            "inputs": seqio.Feature(VOCAB, add_eos=False, rank=rank)})
+        seqio.TaskRegistry.remove(variant.name)
+        seqio.TaskRegistry.add_provider(variant.name, variant)
+        names[name] = variant.name
+    return names
+
+
+def _examples(task_name, length):
+    gin.bind_parameter("GPTConfig.vocab_size", 32)
+    ds = seqio.get_mixture_or_task(task_name).get_dataset({"inputs": length}, split="train",
+                                                          shuffle=False)
+    return list(ds.as_numpy_iterator())
+
+
+def test_glue_similarity_task_frames_both_orderings(tiny_benchmarks):
+    [example] = _examples(tiny_benchmarks["gpt_glue_mrpc"], 9)[:1]
+    assert example["inputs"].tolist() == [
+        [START, *_ids("the cat sat"), DELIM, *_ids("a dog ran"), EXTRACT][:9],
+        [START, *_ids("a dog ran"), DELIM, *_ids("the cat sat"), EXTRACT][:9]]
+    assert example["label"] == 1.0
+
+
+def test_race_gives_one_example_per_question_with_its_options(tiny_benchmarks):
+    examples = _examples(tiny_benchmarks["gpt_race_high"], 12)
+    assert [ex["label"] for ex in examples] == [1.0, 3.0]  # answers B and D
+    first = examples[0]["inputs"]
+    assert first.shape == (4, 12)
+    context = _ids("the cat sat on the mat who sat")
+    for row, option in zip(first, ["dog", "cat", "mat", "far"]):
+        assert row.tolist() == [START, *context, DELIM, *_ids(option), EXTRACT]  # exactly 12
