@@ -14,7 +14,8 @@ from tasks import pretraining
 
 
 class OfflineVocabulary(seqio.SentencePieceVocabulary):
-    """The offline corpus' SentencePiece model, trained on first use (not at import)."""
+    """The offline corpus' SentencePiece model, trained on first use (not at import), from the
+    cache directory in effect then ($T5X_LIKE_CACHE may be set after the tasks are imported)."""
 
     def __init__(self) -> None:
         super().__init__(offline_corpus.vocabulary_path(), extra_ids=offline_corpus.NUM_SENTINELS)
@@ -22,6 +23,7 @@ class OfflineVocabulary(seqio.SentencePieceVocabulary):
     def _model_context(self):
         if self._model is None:
             offline_corpus.ensure_vocabulary()
+            self._sentencepiece_model_file = offline_corpus.vocabulary_path()
         return super()._model_context()
 
 
