@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from t5x_like import config as config_lib
 from t5x_like import (cli, classifier_eval, decoding, evaluation, flops, input_pipeline,
-                      optimizers, partitioning, trainer)
+                      optimizers, partitioning, preemption, trainer)
 from t5x_like.checkpoints import params_io
 from t5x_like.models.base import Model
 from t5x_like.models import t5
@@ -209,6 +209,8 @@ def train(
     eval_data = None
     window_start = time.perf_counter()
     step = start_step
+    watcher = preemption.PreemptionWatcher()
+    preempted = False
     while step < train_steps:
         if _phase_at(phase_plan, step) != phase:
             phase = _phase_at(phase_plan, step)
@@ -248,14 +250,20 @@ def train(
                 _log(f"step {step:>7}  {name}: " + ", ".join(f"{k} {v:.2f}"
                                                             for k, v in values.items()))
             best.update(step, state.params, cfg, task_metrics)
-        if step % checkpoint_every == 0 or step == train_steps:
+        preempted = watcher.should_stop(step)
+        if preempted or step % checkpoint_every == 0 or step == train_steps:
             checkpointer.save(state, cfg)
             _log(f"step {step:>7}  checkpoint saved")
+        if preempted:
+            _log(f"step {step:>7}  stopped by {watcher.signal_name}: rerun the same command to "
+                 "resume from this step")
+            break
+    watcher.close()
     bar.close()
     checkpointer.close()
     writer.flush()
 
-    if num_predictions and jax.process_index() == 0 and hasattr(model, "predict_batch"):
+    if num_predictions and not preempted and jax.process_index() == 0 and hasattr(model, "predict_batch"):
         show_predictions(model, jax.device_get(state.params), task, feature_lengths,
                          num_predictions)
     return state

@@ -117,3 +117,36 @@ def test_resume_with_another_model_is_refused(tmp_path, capsys):
                          "--gin.TRAIN_STEPS=4"])
     assert code == 2
     assert "emb_dim: checkpoint 64 vs config 96" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # two training subprocesses
+def test_sigterm_saves_at_the_current_step_exits_zero_and_resumes(tmp_path):
+    """A preemption notice (SIGTERM) mid-run: the run saves a checkpoint at the step it was
+    on (not a checkpoint_every multiple), exits 0, and the same command resumes there."""
+    model_dir = tmp_path / "run"
+    ckpts = model_dir / "checkpoints"
+    proc = subprocess.Popen(_train_cmd(model_dir, 100_000, every=100_000) + [
+        "--gin.train.log_every=1"], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("step") and " loss " in line and int(line.split()[1]) >= 7:
+                proc.send_signal(signal.SIGTERM)
+                break
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    lines += out.splitlines()
+    assert proc.returncode == 0
+    stopped = [line for line in lines if "stopped by SIGTERM" in line]
+    assert len(stopped) == 1, lines[-5:]
+    step = int(stopped[0].split()[1])
+    assert step >= 7
+    assert [int(d) for d in os.listdir(ckpts) if d.isdigit()] == [step]
+    resumed = subprocess.run(_train_cmd(model_dir, step + 3, every=100_000), cwd=ROOT,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"Resumed from the checkpoint at step {step}" in resumed.stdout
+    assert max(int(d) for d in os.listdir(ckpts) if d.isdigit()) == step + 3
