@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the launch scripts: make sure .venv exists and holds t5x_like at the locked versions.
 # Usage: ensure_venv [EXTRA]   (EXTRA: "test" for the test extra)
 # Re-installs only when pyproject.toml or requirements/lock.txt changed since the last install.
@@ -24,4 +25,16 @@ ensure_venv() {
     python -m pip install --quiet -c requirements/lock.txt -e "$spec"
     echo "$want ${extra:-none}" > "$stamp"
   fi
+}
+
+# Add jax's accelerator build at the locked jax version: KIND is "tpu" (libtpu) or "gpu"
+# (CUDA 12 wheels); anything else (or empty) keeps the CPU build.
+install_accelerator() {
+  local kind="${1:-}" jax_version
+  jax_version="$(grep -E '^jax==' requirements/lock.txt | cut -d= -f3)"
+  case "$kind" in
+    tpu) python -m pip install --quiet "jax[tpu]==${jax_version}" ;;
+    gpu) python -m pip install --quiet "jax[cuda12]==${jax_version}" ;;
+    *) ;;
+  esac
 }

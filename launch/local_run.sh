@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Run the experiment on this machine's CPU (what the README's quickstart does for its own
+# config): installs .venv if needed, then the trainer with JAX_PLATFORMS=cpu.
+#
+#   bash launch/local_run.sh --config launch/experiments/NAME.env [--dry-run] [-- extra args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source launch/_common.sh
+source launch/_venv.sh
+parse_args "$@"
+require_config GIN_FILES MODEL_DIR
+build_train_command
+if [ "$DRY_RUN" = false ]; then ensure_venv; fi
+run env JAX_PLATFORMS=cpu "${TRAIN_CMD[@]}"
