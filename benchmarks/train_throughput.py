@@ -26,10 +26,9 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from t5x_like import optimizers, partitioning, trainer
+from t5x_like import hardware, optimizers, partitioning, trainer
 from t5x_like.config import load_model_config
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
 from t5x_like.models.t5 import T5Config, count_params
@@ -38,19 +37,6 @@ BENCHMARK_CONFIG = T5Config(
     vocab_size=32128, emb_dim=256, num_heads=4, head_dim=64, mlp_dim=1024,
     num_encoder_layers=4, num_decoder_layers=4, mlp_activations=("gelu", "linear"),
     dropout_rate=0.0, logits_via_embedding=False)
-
-
-def measure_matmul_flops(dtype: str, size: int = 2048, repeats: int = 5) -> float:
-    """Best observed FLOP/s of a size x size matmul (the machine's practical peak)."""
-    a = jnp.ones((size, size), dtype)
-    f = jax.jit(lambda x: x @ x)
-    f(a).block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        f(a).block_until_ready()
-        best = min(best, time.perf_counter() - t)
-    return 2 * size ** 3 / best
 
 
 def make_batch(cfg: T5Config, batch: int, inputs: int, targets: int) -> dict[str, np.ndarray]:
@@ -107,7 +93,7 @@ def run(cfg: T5Config, batch: int, inputs: int, targets: int, steps: int,
         xla_bytes = int(memory.temp_size_in_bytes + memory.argument_size_in_bytes
                         + memory.output_size_in_bytes - memory.alias_size_in_bytes)
     device_stats = jax.devices()[0].memory_stats() or {}
-    peak_flops = measure_matmul_flops(cfg.dtype)
+    peak_flops = hardware.measure_matmul_flops(cfg.dtype, size=2048)
     tokens = batch * (inputs + targets)
     return {
         "params": count_params(params),

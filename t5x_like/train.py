@@ -25,8 +25,8 @@ from clu import metric_writers
 from tqdm import tqdm
 
 from t5x_like import config as config_lib
-from t5x_like import (cli, classifier_eval, decoding, evaluation, flops, input_pipeline,
-                      optimizers, partitioning, preemption, trainer)
+from t5x_like import (cli, classifier_eval, decoding, evaluation, flops, hardware,
+                      input_pipeline, optimizers, partitioning, preemption, trainer)
 from t5x_like.checkpoints import params_io
 from t5x_like.models.base import Model
 from t5x_like.models import t5
@@ -200,6 +200,8 @@ def train(
     writer = metric_writers.create_default_writer(
         os.path.join(model_dir, "tensorboard"), just_logging=jax.process_index() > 0)
     tokens_per_batch = batch_size * sum(feature_lengths.values())
+    peak, peak_source = hardware.peak_flops()
+    _log(f"MFU is model FLOPs per second over {peak:.4g} FLOP/s ({peak_source})")
     best = BestCheckpoints(os.path.join(model_dir, "best"))
 
     # --- loop ----------------------------------------------------------------------------
@@ -229,6 +231,10 @@ def train(
             summary = _mean_metrics(window)
             elapsed = time.perf_counter() - window_start
             summary["tokens_per_s"] = tokens_per_batch * len(window) / elapsed
+            summary["step_time_s"] = elapsed / len(window)
+            step_flops = model_flops_per_step(model, feature_lengths, batch_size)
+            if step_flops:
+                summary["mfu"] = hardware.mfu(step_flops, summary["step_time_s"], peak)
             writer.write_scalars(step, {f"train/{k}": v for k, v in summary.items()})
             bar.set_postfix(loss=f"{summary['loss']:.3f}", refresh=False)
             _log(f"step {step:>7}  " + _format_metrics(summary))
@@ -267,6 +273,13 @@ def train(
         show_predictions(model, jax.device_get(state.params), task, feature_lengths,
                          num_predictions)
     return state
+
+
+def model_flops_per_step(model: Model, feature_lengths: Mapping[str, int],
+                         batch_size: int) -> float | None:
+    """Hand-counted model FLOPs of one training step (forward x 3, whole batch)."""
+    forward = flops.forward_flops(model.config, feature_lengths)
+    return None if forward is None else forward * flops.TRAINING_MULTIPLIER * batch_size
 
 
 def model_size_line(model: Model, feature_lengths: Mapping[str, int],
@@ -343,17 +356,15 @@ def _mean_metrics(window: Sequence[dict[str, jax.Array]]) -> dict[str, float]:
 
 def _format_metrics(summary: Mapping[str, float]) -> str:
     """loss and accuracy first, then the family's own (nsp_loss, ...), rate and speed last."""
+    speed = ("learning_rate", "tokens_per_s", "step_time_s", "mfu")
     shown = ("loss", "accuracy", *sorted(k for k in summary if k not in (
-        "loss", "accuracy", "learning_rate", "tokens_per_s", "grad_norm", "nonpadding_tokens",
-        "masked_tokens", "examples")), "learning_rate", "tokens_per_s")
-    parts = []
-    for key in shown:
-        if key in summary:
-            value = summary[key]
-            text = (f"{value:.2e}" if key == "learning_rate" else f"{value:,.0f}"
-                    if key == "tokens_per_s" else f"{value:.4f}")
-            parts.append(f"{key.replace('_per_s', '/s')} {text}")
-    return "  ".join(parts)
+        "loss", "accuracy", "grad_norm", "param_norm", "nonpadding_tokens", "masked_tokens",
+        "examples", *speed)), *speed)
+    formats = {"learning_rate": "{:.2e}", "tokens_per_s": "{:,.0f}", "step_time_s": "{:.3f}",
+               "mfu": "{:.1%}"}
+    labels = {"tokens_per_s": "tokens/s", "step_time_s": "step_s"}
+    return "  ".join(f"{labels.get(key, key)} {formats.get(key, '{:.4f}').format(summary[key])}"
+                     for key in shown if key in summary)
 
 
 def _phase_plan(phases: Sequence[tuple[float, Mapping[str, int]]] | None,

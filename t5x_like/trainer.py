@@ -170,7 +170,8 @@ def make_train_step(model: Model, optimizer: optax.GradientTransformation,
         params = optax.apply_updates(state.params, updates)
         metrics = {**model.metrics(sums),
                    "learning_rate": learning_rate_fn(state.step),
-                   "grad_norm": optax.global_norm(grads)}
+                   "grad_norm": optax.global_norm(grads),
+                   "param_norm": optax.global_norm(params)}
         return TrainState(state.step + 1, params, opt_state), metrics
 
     return jax.jit(
