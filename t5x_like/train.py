@@ -97,6 +97,7 @@ def train(
     phases: Sequence[tuple[float, Mapping[str, int]]] | None = None,
     train_epochs: float | None = None,
     warmup_proportion: float | None = None,
+    profile_steps: str | None = None,
 ) -> trainer.TrainState:
     """Pretrain or fine-tune, and return the final train state.
 
@@ -132,6 +133,7 @@ def train(
     if warmup_proportion is not None:
         warmup_steps = int(train_steps * warmup_proportion)
     phase_plan = _phase_plan(phases, task_feature_lengths, train_steps)
+    profile = _profile_window(profile_steps)
     model = model_class()
     cfg = model.config
     input_pipeline.check_vocabulary(task_obj, cfg.vocab_size)
@@ -212,7 +214,7 @@ def train(
     window_start = time.perf_counter()
     step = start_step
     watcher = preemption.PreemptionWatcher()
-    preempted = False
+    preempted = profiling = False
     while step < train_steps:
         if _phase_at(phase_plan, step) != phase:
             phase = _phase_at(phase_plan, step)
@@ -222,9 +224,18 @@ def train(
             _log(f"step {step:>7}  phase {phase + 1} of {len(phase_plan)}: task feature lengths "
                  f"{feature_lengths}")
         batch = layout.global_batch(next(train_iter))
+        if profile and step == profile[0]:
+            jax.profiler.start_trace(os.path.join(model_dir, "tensorboard"))
+            profiling = True
         with layout.context():
             state, metrics = train_step(state, batch, rng)
         step += 1
+        if profiling and step == profile[1]:
+            profiling = False
+            jax.block_until_ready(state)
+            jax.profiler.stop_trace()
+            _log(f"step {step:>7}  profile of steps {profile[0]}-{profile[1]} written to "
+                 f"{model_dir}/tensorboard/plugins/profile (TensorBoard's Profile tab)")
         window.append(metrics)
         bar.update(1)
         if step % log_every == 0 or step == train_steps:
@@ -344,9 +355,27 @@ class BestCheckpoints:
 
 
 def _log(message: str) -> None:
-    """A line above the progress bar, flushed at once (stdout may be a file or a pipe)."""
+    """A line above the progress bar, flushed at once (stdout may be a file or a pipe); in a
+    multi-process run each line says which process wrote it."""
+    if jax.process_count() > 1:
+        message = f"[process {jax.process_index()}/{jax.process_count()}] {message}"
     tqdm.write(message)
     sys.stdout.flush()
+
+
+def _profile_window(profile_steps: str | None) -> tuple[int, int] | None:
+    """`train.profile_steps` / --profile_steps='START:END': trace from step START (completed
+    steps) until step END."""
+    if not profile_steps:
+        return None
+    try:
+        start, end = (int(x) for x in str(profile_steps).split(":"))
+    except ValueError:
+        start, end = -1, -1
+    if not 0 <= start < end:
+        raise config_lib.ConfigError(f"--profile_steps={profile_steps!r}: give START:END with "
+                                     "0 <= START < END, e.g. --profile_steps=10:15.")
+    return start, end
 
 
 def _mean_metrics(window: Sequence[dict[str, jax.Array]]) -> dict[str, float]:
@@ -452,6 +481,10 @@ def _shorten(text: str, limit: int = 300) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """`--profile_steps=START:END` is short for `--gin.train.profile_steps='START:END'`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = [f"--gin.train.profile_steps='{a.split('=', 1)[1]}'"
+            if a.startswith("--profile_steps=") else a for a in argv]
     return cli.run(train, argv, __doc__.split("\n\n")[0])
 
 
