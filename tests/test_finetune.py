@@ -42,6 +42,7 @@ def untrained(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow  # ~2 minutes of training (the default suite must stay under 15 minutes)
 def test_finetune_improves_the_metric_and_keeps_the_best(untrained, tmp_path):
     before = _evaluate(untrained, tmp_path, "before")["accuracy"]
     run = tmp_path / "run"

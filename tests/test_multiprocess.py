@@ -27,6 +27,7 @@ def _env():
     return env
 
 
+@pytest.mark.slow  # three processes compiling the model (~70 s)
 def test_two_processes_match_one(tmp_path):
     port = _free_port()
     two = tmp_path / "two.json"
