@@ -298,12 +298,13 @@ def model_size_line(model: Model, feature_lengths: Mapping[str, int],
     """Parameter count and hand-counted model FLOPs (`flops.forward_flops`), so runs of
     different architectures (the T5 paper's Table 2) can be compared at start-up."""
     params = t5.count_params(model.abstract_params())
-    forward = flops.forward_flops(model.config, feature_lengths)
+    step = model_flops_per_step(model, feature_lengths, batch_size)
     line = f"model: {type(model).__name__}, {params:,} parameters"
-    if forward is not None:
+    if step is not None:
+        forward = step / (flops.TRAINING_MULTIPLIER * batch_size)
         line += (f"; forward FLOPs per example at {dict(feature_lengths)}: {forward:.4g}; "
                  f"per train step (x{flops.TRAINING_MULTIPLIER}, batch {batch_size}): "
-                 f"{forward * flops.TRAINING_MULTIPLIER * batch_size:.4g}")
+                 f"{step:.4g}")
     return line
 
 

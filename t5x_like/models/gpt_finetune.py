@@ -28,6 +28,7 @@ import jax.numpy as jnp
 
 from t5x_like import bert_features, losses
 from t5x_like.models import layers
+from t5x_like.models.bert_models import _example_weights
 from t5x_like.models.decoder_only import DecoderOnly, GPTConfig
 
 Array = jax.Array
@@ -170,10 +171,3 @@ class GPTClassifierModel:
         """Class ids (the chosen candidate for multiple choice), or scores for regression."""
         logits, _ = self.apply(params, batch)
         return logits[:, 0] if self.is_regression else jnp.argmax(logits, -1)
-
-
-def _example_weights(batch: Batch) -> Array:
-    weights = batch.get("label_weights")
-    if weights is None:
-        return jnp.ones(batch["input_ids"].shape[0], jnp.float32)
-    return weights.astype(jnp.float32)
