@@ -25,7 +25,7 @@ import gin
 import jax
 import seqio
 
-from t5x_like import classifier_eval, cli, decoding, evaluation, partitioning
+from t5x_like import classifier_eval, cli, decoding, evaluation, partitioning, storage
 from t5x_like.checkpoints import params_io
 from t5x_like.config import ConfigError
 from t5x_like.models.base import Model
@@ -51,7 +51,7 @@ def restore_model(checkpoint: str | None,
 
 
 def default_output_dir(checkpoint: str, name: str) -> str:
-    return os.path.join(os.path.abspath(os.path.expanduser(checkpoint)), name)
+    return os.path.join(storage.resolve(checkpoint), name)
 
 
 @gin.configurable
@@ -100,9 +100,8 @@ def evaluate(checkpoint: str | None = None, task: str = "glue_v002_proportional"
 
 def _write_metrics(output_dir: str, results: Mapping[str, Mapping[str, float]]) -> None:
     if jax.process_index() == 0:
-        os.makedirs(output_dir, exist_ok=True)
-        with open(os.path.join(output_dir, "metrics.json"), "w") as f:
-            json.dump(results, f, indent=2)
+        storage.write_text(os.path.join(output_dir, "metrics.json"),
+                           json.dumps(results, indent=2))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import jax
 import numpy as np
 import seqio
 
-from t5x_like import decoding, input_pipeline
+from t5x_like import decoding, input_pipeline, storage
 from t5x_like.config import ConfigError
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
 
@@ -150,7 +149,5 @@ def evaluable_tasks(task_or_mixture: str, split: str = "validation") -> list[str
 
 
 def write_jsonl(path: str, records: Iterable[Mapping[str, Any]]) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        for record in records:
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    storage.write_text(storage.resolve(path), "".join(
+        json.dumps(record, ensure_ascii=False) + "\n" for record in records))

@@ -22,7 +22,7 @@ import gin
 import jax
 import numpy as np
 
-from t5x_like import cli, decoding, evaluation, input_pipeline
+from t5x_like import cli, decoding, evaluation, input_pipeline, storage
 from t5x_like.config import ConfigError
 from t5x_like.eval import default_output_dir, restore_model
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
@@ -32,22 +32,20 @@ def read_inputs(path: str, vocabulary, inputs_length: int,
                 add_eos: bool = True) -> Iterator[dict[str, Any]]:
     """Examples from a .txt (one input a line) or .jsonl (`inputs` field) file; EOS ends each
     input as in the tasks' examples, unless `add_eos=False` (a prompt to continue)."""
-    if not os.path.exists(path):
+    if not storage.exists(path):
         raise ConfigError(f"infer.input_file {path} does not exist.")
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            line = line.rstrip("\n")
-            if not line.strip():
-                continue
-            text = line
-            if path.endswith((".jsonl", ".json")):
-                record = json.loads(line)
-                if "inputs" not in record:
-                    raise ConfigError(f"{path}:{n} has no 'inputs' field.")
-                text = record["inputs"]
-            ids = list(vocabulary.encode(text))[:inputs_length - int(add_eos)]
-            ids += [vocabulary.eos_id] if add_eos else []
-            yield {"inputs": np.array(ids, np.int32), "inputs_pretokenized": text.encode()}
+    for n, line in enumerate(storage.read_text(path).split("\n"), start=1):
+        if not line.strip():
+            continue
+        text = line
+        if path.endswith((".jsonl", ".json")):
+            record = json.loads(line)
+            if "inputs" not in record:
+                raise ConfigError(f"{path}:{n} has no 'inputs' field.")
+            text = record["inputs"]
+        ids = list(vocabulary.encode(text))[:inputs_length - int(add_eos)]
+        ids += [vocabulary.eos_id] if add_eos else []
+        yield {"inputs": np.array(ids, np.int32), "inputs_pretokenized": text.encode()}
 
 
 @gin.configurable

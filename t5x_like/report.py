@@ -10,10 +10,13 @@ loss.png, learning_rate.png and throughput.png in DIR (default MODEL_DIR/report)
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import statistics
 import sys
 from typing import Sequence
+
+from t5x_like import storage
 
 Series = list[tuple[int, float]]
 
@@ -68,7 +71,6 @@ def plot(series: dict[str, Series], output_dir: str) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    os.makedirs(output_dir, exist_ok=True)
     figures = {
         "loss.png": ([("train/loss", "train"), ("eval/loss", "eval")], "loss"),
         "learning_rate.png": ([("train/learning_rate", "learning rate")], "learning rate"),
@@ -95,7 +97,9 @@ def plot(series: dict[str, Series], output_dir: str) -> list[str]:
         ax.grid(alpha=0.3)
         fig.tight_layout()
         path = os.path.join(output_dir, name)
-        fig.savefig(path, dpi=100)
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=100)
+        storage.write_bytes(path, png.getvalue())
         plt.close(fig)
         written.append(path)
     return written
@@ -106,20 +110,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("model_dir")
     parser.add_argument("--output_dir", default=None)
     args = parser.parse_args(argv)
-    if not os.path.isdir(os.path.join(args.model_dir, "tensorboard")):
+    model_dir = storage.resolve(args.model_dir)
+    if not storage.isdir(os.path.join(model_dir, "tensorboard")):
         print(f"error: {args.model_dir} has no tensorboard/ directory; give a run's MODEL_DIR.",
               file=sys.stderr)
         return 2
-    series = read_scalars(args.model_dir)
+    series = read_scalars(model_dir)
     if not series:
         print(f"error: no summaries in {args.model_dir}/tensorboard yet.", file=sys.stderr)
         return 2
     rows = summary_rows(series)
     width = max(len(what) for what, _ in rows)
-    print(f"Run {os.path.abspath(args.model_dir)}")
+    print(f"Run {model_dir}")
     for what, value in rows:
         print(f"  {what:<{width}}  {value}")
-    for path in plot(series, args.output_dir or os.path.join(args.model_dir, "report")):
+    for path in plot(series, args.output_dir or os.path.join(model_dir, "report")):
         print(f"wrote {path}")
     return 0
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from typing import Callable, Iterator, Mapping, Sequence
 
@@ -26,7 +28,8 @@ from tqdm import tqdm
 
 from t5x_like import config as config_lib
 from t5x_like import (cli, classifier_eval, decoding, evaluation, flops, hardware,
-                      input_pipeline, optimizers, partitioning, preemption, trainer)
+                      input_pipeline, optimizers, partitioning, preemption, storage,
+                      trainer)
 from t5x_like.checkpoints import params_io
 from t5x_like.models.base import Model
 from t5x_like.models import t5
@@ -36,14 +39,12 @@ from t5x_like.models.encoder_decoder import EncoderDecoderModel
 def _check_model_dir(model_dir: str | None) -> str:
     if not model_dir:
         raise config_lib.ConfigError("No model directory: pass --gin.MODEL_DIR=/path/for/this/run.")
-    model_dir = os.path.abspath(os.path.expanduser(model_dir))
+    model_dir = storage.resolve(model_dir)
     try:
-        os.makedirs(model_dir, exist_ok=True)
-        probe = os.path.join(model_dir, ".write_test")
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.remove(probe)
-    except OSError as e:
+        probe = os.path.join(model_dir, f".write_test-{jax.process_index()}")
+        storage.write_text(probe, "ok")
+        storage.remove(probe)
+    except storage.ERRORS as e:
         raise config_lib.ConfigError(f"MODEL_DIR {model_dir} is not writable ({e}); choose another "
                               "--gin.MODEL_DIR.") from e
     return model_dir
@@ -62,8 +63,7 @@ def _check_resume_config(checkpointer: trainer.Checkpointer, cfg) -> None:
 
 def _write_text(path: str, text: str) -> None:
     if jax.process_index() == 0:
-        with open(path, "w") as f:
-            f.write(text)
+        storage.write_text(path, text)
 
 
 @gin.configurable
@@ -225,7 +225,7 @@ def train(
                  f"{feature_lengths}")
         batch = layout.global_batch(next(train_iter))
         if profile and step == profile[0]:
-            jax.profiler.start_trace(os.path.join(model_dir, "tensorboard"))
+            trace_dir = _start_trace(model_dir)
             profiling = True
         with layout.context():
             state, metrics = train_step(state, batch, rng)
@@ -233,7 +233,7 @@ def train(
         if profiling and step == profile[1]:
             profiling = False
             jax.block_until_ready(state)
-            jax.profiler.stop_trace()
+            _stop_trace(trace_dir, model_dir)
             _log(f"step {step:>7}  profile of steps {profile[0]}-{profile[1]} written to "
                  f"{model_dir}/tensorboard/plugins/profile (TensorBoard's Profile tab)")
         window.append(metrics)
@@ -332,9 +332,8 @@ class BestCheckpoints:
         self.directory = directory
         self.best: dict[str, dict] = {}
         record = os.path.join(directory, "best.json")
-        if os.path.exists(record):
-            with open(record) as f:
-                self.best = json.load(f)
+        if storage.exists(record):
+            self.best = json.loads(storage.read_text(record))
 
     def update(self, step: int, params, cfg,
                task_metrics: Mapping[str, Mapping[str, float]]) -> None:
@@ -351,8 +350,8 @@ class BestCheckpoints:
                                "metrics": dict(values)}
             changed = True
         if changed and jax.process_index() == 0:
-            with open(os.path.join(self.directory, "best.json"), "w") as f:
-                json.dump(self.best, f, indent=2)
+            storage.write_text(os.path.join(self.directory, "best.json"),
+                               json.dumps(self.best, indent=2))
 
 
 def _log(message: str) -> None:
@@ -362,6 +361,22 @@ def _log(message: str) -> None:
         message = f"[process {jax.process_index()}/{jax.process_count()}] {message}"
     tqdm.write(message)
     sys.stdout.flush()
+
+
+def _start_trace(model_dir: str) -> str:
+    """Start a jax.profiler trace; where it is written (the profiler writes local files only, so
+    a remote MODEL_DIR gets it copied in by `_stop_trace`)."""
+    trace_dir = (tempfile.mkdtemp(prefix="t5x_like_trace-") if storage.is_remote(model_dir)
+                 else os.path.join(model_dir, "tensorboard"))
+    jax.profiler.start_trace(trace_dir)
+    return trace_dir
+
+
+def _stop_trace(trace_dir: str, model_dir: str) -> None:
+    jax.profiler.stop_trace()
+    if storage.is_remote(model_dir):
+        storage.copy_tree(trace_dir, os.path.join(model_dir, "tensorboard"))
+        shutil.rmtree(trace_dir, ignore_errors=True)
 
 
 def _profile_window(profile_steps: str | None) -> tuple[int, int] | None:

@@ -22,7 +22,7 @@ import optax
 import orbax.checkpoint as ocp
 from jax.sharding import Mesh
 
-from t5x_like import partitioning
+from t5x_like import partitioning, storage
 from t5x_like.checkpoints import params_io
 from t5x_like.models import base
 from t5x_like.models.base import Model
@@ -197,7 +197,7 @@ class Checkpointer:
     """
 
     def __init__(self, model_dir: str, keep: int | None) -> None:
-        self.directory = os.path.join(os.path.abspath(model_dir), "checkpoints")
+        self.directory = os.path.join(storage.resolve(model_dir), "checkpoints")
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,

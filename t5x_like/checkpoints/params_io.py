@@ -11,13 +11,14 @@ from typing import Any, Callable
 
 import orbax.checkpoint as ocp
 
+from t5x_like import storage
 from t5x_like.models.t5 import T5Config
 
 Params = Any
 
 
 def _manager(directory: str, **options: Any) -> ocp.CheckpointManager:
-    return ocp.CheckpointManager(os.path.abspath(directory),
+    return ocp.CheckpointManager(storage.resolve(directory),
                                  options=ocp.CheckpointManagerOptions(**options))
 
 
@@ -29,7 +30,7 @@ def save_params(directory: str, params: Params, config: T5Config, step: int = 0,
         manager.save(step, args=ocp.args.Composite(
             params=ocp.args.StandardSave(params), config=ocp.args.JsonSave(config.to_json())))
         manager.wait_until_finished()
-    return os.path.join(os.path.abspath(directory), str(step))
+    return os.path.join(storage.resolve(directory), str(step))
 
 
 def restore_config(directory: str, step: int | None = None) -> Any:
@@ -77,9 +78,9 @@ ARCHITECTURE_FIELDS = ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_di
 def checkpoint_directory(path: str) -> str:
     """Accept a run's MODEL_DIR (its `checkpoints/`), a checkpoints directory, or a converted
     checkpoint directory."""
-    path = os.path.abspath(os.path.expanduser(path))
+    path = storage.resolve(path)
     nested = os.path.join(path, "checkpoints")
-    return nested if os.path.isdir(nested) else path
+    return nested if storage.isdir(nested) else path
 
 
 def check_compatible(saved: T5Config, config: T5Config, where: str) -> None:
@@ -137,7 +138,7 @@ def restore_saved_params(directory: str, step: int | None = None) -> Params:
 def _saved_structure(directory: str, step: int | None) -> dict:
     """The saved parameter tree's shapes and dtypes (orbax metadata; no array is read)."""
     handlers = {"params": ocp.StandardCheckpointHandler()}
-    with ocp.CheckpointManager(os.path.abspath(directory), item_handlers=handlers) as manager:
+    with ocp.CheckpointManager(storage.resolve(directory), item_handlers=handlers) as manager:
         step = manager.latest_step() if step is None else step
         metadata = manager.item_metadata(step)
     tree = metadata["params"]

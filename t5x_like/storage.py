@@ -1,0 +1,81 @@
+"""Files on local disk or in a bucket (`gs://...`) through one code path.
+
+A run's MODEL_DIR, a TFDS data_dir, evaluation outputs and reports may live on Cloud Storage
+(the TPU VM workers share nothing else). Every small file this codebase writes or reads beside
+the checkpoints goes through `tf.io.gfile`, which serves local paths, `gs://` and TensorFlow's
+other filesystems (`ram://` is what the tests use) alike. Orbax, TensorBoard and TFDS handle
+`gs://` themselves and are handed the path unchanged; `os.path.join` builds paths (POSIX
+'/'-joining suits URLs too).
+"""
+
+from __future__ import annotations
+
+import os
+
+import tensorflow as tf
+
+# What a failed file operation raises: OSError locally, tf.errors.* through gfile.
+ERRORS = (OSError, tf.errors.OpError)
+
+
+def is_remote(path: str) -> bool:
+    """A URL-style path (`gs://bucket/dir`, `ram://dir`) rather than a local file name."""
+    return "://" in path
+
+
+def resolve(path: str) -> str:
+    """Local paths become absolute (`~` expanded), as orbax requires; remote ones are kept
+    exactly (`os.path.abspath` would turn `gs://b/x` into `/cwd/gs:/b/x`)."""
+    return path if is_remote(path) else os.path.abspath(os.path.expanduser(path))
+
+
+def exists(path: str) -> bool:
+    return tf.io.gfile.exists(path)
+
+
+def isdir(path: str) -> bool:
+    return tf.io.gfile.isdir(path)
+
+
+def makedirs(path: str) -> None:
+    tf.io.gfile.makedirs(path)
+
+
+def remove(path: str) -> None:
+    tf.io.gfile.remove(path)
+
+
+def read_text(path: str) -> str:
+    with tf.io.gfile.GFile(path, "r") as f:
+        return f.read()
+
+
+def write_text(path: str, text: str) -> None:
+    """Write `text` to `path`, creating its directory. The text goes to a temporary name that is
+    then renamed over `path`, so a reader (or a run killed mid-write) never sees half a file."""
+    directory = os.path.dirname(path)
+    if directory:
+        makedirs(directory)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with tf.io.gfile.GFile(tmp, "w") as f:
+        f.write(text)
+    tf.io.gfile.rename(tmp, path, overwrite=True)
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    directory = os.path.dirname(path)
+    if directory:
+        makedirs(directory)
+    with tf.io.gfile.GFile(path, "wb") as f:
+        f.write(data)
+
+
+def copy_tree(source: str, destination: str) -> None:
+    """Copy a directory tree (e.g. a profiler trace written locally) to `destination`."""
+    for directory, _, files in tf.io.gfile.walk(source):
+        relative = os.path.relpath(directory, source)
+        target = destination if relative == "." else os.path.join(destination, relative)
+        makedirs(target)
+        for name in files:
+            tf.io.gfile.copy(os.path.join(directory, name), os.path.join(target, name),
+                             overwrite=True)
