@@ -1,30 +1,80 @@
 """Stop cleanly when the machine is about to go away: SIGTERM (what a spot/preemptible VM, a
-SLURM time limit, `kill` or Kubernetes send first) or a TPU maintenance event.
+SLURM time limit, `kill` or Kubernetes send first) or a host maintenance event announced by the
+Cloud VM's metadata server (what a TPU VM gets before maintenance takes it down).
 
-One process: a SIGTERM handler sets a flag and the training loop, at the next step boundary,
-saves a checkpoint at that step and returns normally (exit code 0), so rerunning the same
-command resumes there. Several processes: jax's preemption sync point
-(`multihost_utils.reached_preemption_sync_point`, fed by the coordination service, which also
-forwards TPU maintenance notices) makes every process stop at the same step, as orbax's
-checkpointing of a sharded state requires.
+One process: a SIGTERM handler or the maintenance poller sets a flag and the training loop, at
+the next step boundary, saves a checkpoint at that step and returns normally (exit code 0), so
+rerunning the same command resumes there.
+
+Several processes: jax's preemption sync point (`multihost_utils.reached_preemption_sync_point`,
+fed by the coordination service) makes every process stop at the same step, as orbax's
+checkpointing of a sharded state requires. The service learns of a preemption through its own
+SIGTERM handler, so here no Python handler may replace it (one would swallow the signal and no
+process would ever stop); a maintenance notice seen by any process is passed on by sending
+that process SIGTERM.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
+import urllib.request
 from types import FrameType
 
+import gin
 import jax
 
+# The Compute Engine metadata server's maintenance notice: NONE until the host is about to be
+# serviced, then MIGRATE_ON_HOST_MAINTENANCE or TERMINATE_ON_HOST_MAINTENANCE.
+GCE_MAINTENANCE_EVENT_URL = ("http://metadata.google.internal/computeMetadata/v1/instance/"
+                             "maintenance-event")
+_NO_EVENT = "NONE"
 
+
+def on_google_cloud() -> bool:
+    """A Compute Engine VM (Cloud TPU VMs are ones), told by its DMI product name: no network."""
+    try:
+        with open("/sys/class/dmi/id/product_name", encoding="utf-8") as f:
+            return "Google" in f.read()
+    except OSError:
+        return False
+
+
+def read_maintenance_event(url: str, timeout_s: float = 2.0) -> str | None:
+    """The metadata server's current notice, or None when it cannot be asked."""
+    request = urllib.request.Request(url, headers={"Metadata-Flavor": "Google"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return response.read().decode().strip()
+    except Exception:  # noqa: BLE001 - no metadata server: nothing to watch
+        return None
+
+
+@gin.configurable
 class PreemptionWatcher:
-    """`should_stop(step)` after each step; `close()` restores the previous SIGTERM handler."""
+    """`should_stop(step)` after each step; `close()` restores the previous SIGTERM handler and
+    stops the poller.
 
-    def __init__(self) -> None:
+    `maintenance_event_url`: the metadata endpoint to poll every `poll_seconds` ('auto': the
+    Compute Engine one when running on a Google Cloud VM, else nothing is polled; None: never).
+    """
+
+    def __init__(self, maintenance_event_url: str | None = "auto",
+                 poll_seconds: float = 5.0) -> None:
         self.signal_name: str | None = None
         self._previous = None
         self._multi_process = jax.process_count() > 1
+        self._closed = threading.Event()
+        if not self._multi_process:
+            self._install_handler()
+        if maintenance_event_url == "auto":
+            maintenance_event_url = GCE_MAINTENANCE_EVENT_URL if on_google_cloud() else None
+        if maintenance_event_url:
+            threading.Thread(target=self._poll, args=(maintenance_event_url, poll_seconds),
+                             name="maintenance-event-poller", daemon=True).start()
+
+    def _install_handler(self) -> None:
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._on_signal)
 
@@ -32,20 +82,32 @@ class PreemptionWatcher:
         del frame
         self.signal_name = signal.Signals(signum).name
 
+    def _poll(self, url: str, poll_seconds: float) -> None:
+        while not self._closed.wait(poll_seconds):
+            event = read_maintenance_event(url)
+            if event in (None, _NO_EVENT):
+                continue
+            self.signal_name = f"maintenance event {event}"
+            if self._multi_process:  # tell the coordination service, which tells every process
+                os.kill(os.getpid(), signal.SIGTERM)
+            return
+
     def should_stop(self, step: int) -> bool:
         if self._multi_process:
             try:
                 from jax.experimental import multihost_utils
 
                 if multihost_utils.reached_preemption_sync_point(step):
-                    self.signal_name = self.signal_name or "preemption notice"
+                    self.signal_name = self.signal_name or "preemption notice (SIGTERM)"
                     return True
                 return False
             except RuntimeError:  # no preemption service in this jax.distributed set-up
-                pass
+                self._multi_process = False
+                self._install_handler()
         return self.signal_name is not None
 
     def close(self) -> None:
+        self._closed.set()
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
             self._previous = None
