@@ -12,6 +12,7 @@ import pytest
 
 from t5x_like import config as config_lib
 from t5x_like import optimizers, train
+from tests.fake_metadata_server import FakeMetadataServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_RUN = [
@@ -120,27 +121,35 @@ def test_resume_with_another_model_is_refused(tmp_path, capsys):
 
 
 @pytest.mark.slow  # two training subprocesses
-def test_sigterm_saves_at_the_current_step_exits_zero_and_resumes(tmp_path):
-    """A preemption notice (SIGTERM) mid-run: the run saves a checkpoint at the step it was
-    on (not a checkpoint_every multiple), exits 0, and the same command resumes there."""
+@pytest.mark.parametrize("notice", ["SIGTERM", "maintenance event"])
+def test_preemption_notice_saves_at_the_current_step_exits_zero_and_resumes(notice, tmp_path):
+    """A preemption notice mid-run (SIGTERM, or the Cloud VM metadata server announcing host
+    maintenance): the run saves a checkpoint at the step it was on (not a checkpoint_every
+    multiple), exits 0, and the same command resumes there."""
     model_dir = tmp_path / "run"
     ckpts = model_dir / "checkpoints"
+    server = FakeMetadataServer()
     proc = subprocess.Popen(_train_cmd(model_dir, 100_000, every=100_000) + [
-        "--gin.train.log_every=1"], cwd=ROOT, stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, text=True)
+        "--gin.train.log_every=1", "--gin.PreemptionWatcher.poll_seconds=0.1",
+        f"--gin.PreemptionWatcher.maintenance_event_url='{server.url}'"], cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     lines = []
     try:
         for line in proc.stdout:
             lines.append(line)
             if line.startswith("step") and " loss " in line and int(line.split()[1]) >= 7:
-                proc.send_signal(signal.SIGTERM)
+                if notice == "SIGTERM":
+                    proc.send_signal(signal.SIGTERM)
+                else:
+                    server.announce("TERMINATE_ON_HOST_MAINTENANCE")
                 break
         out, _ = proc.communicate(timeout=240)
     finally:
         proc.kill()
+        server.close()
     lines += out.splitlines()
     assert proc.returncode == 0
-    stopped = [line for line in lines if "stopped by SIGTERM" in line]
+    stopped = [line for line in lines if f"stopped by {notice}" in line]
     assert len(stopped) == 1, lines[-5:]
     step = int(stopped[0].split()[1])
     assert step >= 7
