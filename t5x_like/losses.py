@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,6 +39,54 @@ def cross_entropy_with_logits(logits: Array, targets: Array, weights: Array | No
         loss = loss * weights
         z_part = z_part * weights
     return loss, z_part
+
+
+def loss_sums(logits: Array, targets: Array, weights: Array, label_smoothing: float = 0.0,
+              z_loss: float = 0.0) -> dict[str, Array]:
+    """Summed weighted cross-entropy, its z-loss part and the correct argmax predictions:
+    sums, so they add up across chunks and micro-batches."""
+    token_loss, z_part = cross_entropy_with_logits(logits, targets, weights, label_smoothing,
+                                                   z_loss)
+    correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32) * weights
+    return {"loss_sum": jnp.sum(token_loss), "z_loss_sum": jnp.sum(z_part),
+            "correct": jnp.sum(correct)}
+
+
+def chunked_loss_sums(logits_from_hidden: Callable[[Array], Array], hidden: Array,
+                      targets: Array, weights: Array, chunk_length: int,
+                      label_smoothing: float = 0.0, z_loss: float = 0.0) -> dict[str, Array]:
+    """`loss_sums` without ever holding the (batch, length, vocab) float32 logits.
+
+    The output layer runs on `chunk_length` positions of every row at a time inside a
+    `lax.scan`; `jax.checkpoint` drops each chunk's logits after its sums are taken and the
+    backward pass recomputes them, so at most (batch, chunk_length, vocab) logits exist at once.
+    At vocabulary 32k and small widths the logits are most of a T5 step's activation memory.
+    Chunks run along the length, so the batch keeps its data-parallel sharding. Positions past
+    a multiple of `chunk_length` are padded with zero weight.
+    """
+    batch, length, width = hidden.shape
+    pad = -length % chunk_length
+    if pad:
+        hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+        targets = jnp.pad(targets, ((0, 0), (0, pad)))
+        weights = jnp.pad(weights, ((0, 0), (0, pad)))
+    chunks = (length + pad) // chunk_length
+
+    def by_chunk(x: Array) -> Array:  # (batch, length, ...) -> (chunks, batch, chunk, ...)
+        return jnp.swapaxes(x.reshape((batch, chunks, chunk_length) + x.shape[2:]), 0, 1)
+
+    @jax.checkpoint
+    def chunk_sums(h: Array, t: Array, w: Array) -> dict[str, Array]:
+        return loss_sums(logits_from_hidden(h), t, w, label_smoothing, z_loss)
+
+    def step(total: dict[str, Array], xs: tuple[Array, Array, Array]):
+        sums = chunk_sums(*xs)
+        return {k: total[k] + sums[k] for k in total}, None
+
+    zero = jnp.zeros((), jnp.float32)
+    total, _ = jax.lax.scan(step, {"loss_sum": zero, "z_loss_sum": zero, "correct": zero},
+                            (by_chunk(hidden), by_chunk(targets), by_chunk(weights)))
+    return total
 
 
 def token_log_likelihood(logits: Array, targets: Array) -> Array:

@@ -257,7 +257,10 @@ class DecoderOnlyModel:
     def __init__(self, config: GPTConfig | None = None,
                  loss_normalizing_factor: float | str | None = "num_real_target_tokens",
                  attention: str = "prefix", loss_on_targets_only: bool = True,
-                 start_token_id: int = 0, eos_id: int = 1) -> None:
+                 start_token_id: int = 0, eos_id: int = 1,
+                 loss_chunk_length: int | None = None) -> None:
+        """`loss_chunk_length`: compute the training loss that many positions at a time
+        (`losses.chunked_loss_sums`), never holding the whole batch's logits."""
         if attention not in self.ATTENTION_MODES:
             raise ValueError(f"DecoderOnlyModel.attention={attention!r}; choose one of "
                              f"{self.ATTENTION_MODES}.")
@@ -268,6 +271,7 @@ class DecoderOnlyModel:
         self.loss_on_targets_only = loss_on_targets_only
         self.start_token_id = start_token_id
         self.eos_id = eos_id
+        self.loss_chunk_length = loss_chunk_length
 
     def init(self, rng: Array) -> dict:
         return self.module.init(rng, jnp.ones((1, 8), jnp.int32))["params"]
@@ -284,12 +288,15 @@ class DecoderOnlyModel:
     def _causal_attention(self, batch) -> Array | None:
         return batch.get("decoder_causal_attention") if self.attention == "prefix" else None
 
-    def logits(self, params, batch, dropout_rng: Array | None = None) -> Array:
+    def logits(self, params, batch, dropout_rng: Array | None = None,
+               return_hidden: bool = False) -> Array:
+        """(batch, length, vocab) float32 logits, or the final hidden states."""
         rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
         return self.module.apply(
             {"params": params}, batch["decoder_input_tokens"], batch.get("decoder_positions"),
             batch.get("decoder_segment_ids"), self._causal_attention(batch),
-            deterministic=dropout_rng is None, rngs=rngs)
+            deterministic=dropout_rng is None, rngs=rngs,
+            method=DecoderOnly.hidden_states if return_hidden else None)
 
     # ----------------------------------------------------------------------------- decoding
     def predict_batch(self, params, batch, max_decode_length: int,
@@ -381,13 +388,18 @@ class DecoderOnlyModel:
     def loss_sums(self, params, batch, dropout_rng: Array | None = None) -> dict[str, Array]:
         from t5x_like import losses
 
-        logits = self.logits(params, batch, dropout_rng)
         targets = batch["decoder_target_tokens"]
         weights = _target_weights(batch)
-        token_loss, z_part = losses.cross_entropy_with_logits(logits, targets, weights)
-        correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32) * weights
-        return {"loss_sum": jnp.sum(token_loss), "z_loss_sum": jnp.sum(z_part),
-                "correct": jnp.sum(correct), "weight_sum": jnp.sum(weights)}
+        if self.loss_chunk_length:
+            hidden = self.logits(params, batch, dropout_rng, return_hidden=True)
+            sums = losses.chunked_loss_sums(
+                lambda h: self.module.apply({"params": params}, h,
+                                            method=DecoderOnly.logits_from_hidden
+                                            ).astype(jnp.float32),
+                hidden, targets, weights, self.loss_chunk_length)
+        else:
+            sums = losses.loss_sums(self.logits(params, batch, dropout_rng), targets, weights)
+        return {**sums, "weight_sum": jnp.sum(weights)}
 
     def loss_denominators(self, batch) -> dict[str, Array]:
         from t5x_like import losses

@@ -35,7 +35,10 @@ class EncoderDecoderModel:
 
     def __init__(self, config: t5.T5Config | None = None, label_smoothing: float = 0.0, z_loss: float = 0.0,
                  loss_normalizing_factor: float | str | None = "num_real_target_tokens",
-                 decoder_start_token_id: int = 0, eos_id: int = 1) -> None:
+                 decoder_start_token_id: int = 0, eos_id: int = 1,
+                 loss_chunk_length: int | None = None) -> None:
+        """`loss_chunk_length`: compute the training loss `loss_chunk_length` target positions
+        at a time (`losses.chunked_loss_sums`), never holding the whole batch's logits."""
         self.config = config = config if config is not None else t5.T5Config()
         self.module = t5.Transformer(config)
         self.label_smoothing = label_smoothing
@@ -43,6 +46,7 @@ class EncoderDecoderModel:
         self.loss_normalizing_factor = loss_normalizing_factor
         self.decoder_start_token_id = decoder_start_token_id
         self.eos_id = eos_id
+        self.loss_chunk_length = loss_chunk_length
 
     # ----------------------------------------------------------------------------- parameters
     def init(self, rng: Array, input_len: int = 8, target_len: int = 8,
@@ -58,12 +62,14 @@ class EncoderDecoderModel:
                                                 target_len=target_len), jax.random.key(0))
 
     # ----------------------------------------------------------------------------- forward
-    def logits(self, params: Params, batch: Batch, dropout_rng: Array | None = None) -> Array:
+    def logits(self, params: Params, batch: Batch, dropout_rng: Array | None = None,
+               return_hidden: bool = False) -> Array:
+        """(batch, target length, vocab) float32 logits, or the decoder's final hidden states."""
         rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
         return self.module.apply(
             {"params": params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
             batch.get("encoder_segment_ids"), batch.get("decoder_segment_ids"),
-            enable_dropout=dropout_rng is not None, rngs=rngs)
+            enable_dropout=dropout_rng is not None, rngs=rngs, return_hidden=return_hidden)
 
     def feature_converter(self, pack: bool) -> seqio.FeatureConverter:
         return seqio.EncDecFeatureConverter(pack=pack)
@@ -79,18 +85,19 @@ class EncoderDecoderModel:
                   dropout_rng: Array | None = None) -> dict[str, Array]:
         """Un-normalised sums: loss, z-loss part, correct tokens and loss weight. Sums add up
         across micro-batches, so accumulation equals the full-batch step exactly."""
-        logits = self.logits(params, batch, dropout_rng)
         targets = batch["decoder_target_tokens"]
         weights = self._loss_weights(batch)
-        token_loss, z_part = losses.cross_entropy_with_logits(
-            logits, targets, weights, self.label_smoothing, self.z_loss)
-        correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32) * weights
-        return {
-            "loss_sum": jnp.sum(token_loss),
-            "z_loss_sum": jnp.sum(z_part),
-            "correct": jnp.sum(correct),
-            "weight_sum": jnp.sum(weights),
-        }
+        options = dict(label_smoothing=self.label_smoothing, z_loss=self.z_loss)
+        if self.loss_chunk_length:
+            hidden = self.logits(params, batch, dropout_rng, return_hidden=True)
+            sums = losses.chunked_loss_sums(
+                lambda h: self.module.apply({"params": params}, h,
+                                            method=t5.Transformer.logits_from_hidden),
+                hidden, targets, weights, self.loss_chunk_length, **options)
+        else:
+            sums = losses.loss_sums(self.logits(params, batch, dropout_rng), targets, weights,
+                                    **options)
+        return {**sums, "weight_sum": jnp.sum(weights)}
 
     def normalizer(self, weight_sum: Array) -> Array:
         return losses.normalizing_factor(weight_sum, self.loss_normalizing_factor)

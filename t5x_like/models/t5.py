@@ -190,10 +190,18 @@ class Decoder(nn.Module):
     shared_embedding: nn.Module
     encoder: nn.Module | None = None  # set: reuse its layers (shared encoder-decoder)
 
+    def setup(self) -> None:
+        cfg = self.cfg
+        if not cfg.logits_via_embedding:
+            self.logits_dense = layers.Dense((cfg.vocab_size,), ("embed",), ("vocab",),
+                                             dtype=cfg.jnp_dtype)
+
     @nn.compact
     def __call__(self, encoded: Array, decoder_input_tokens: Array, self_mask: Array | None,
                  cross_mask: Array | None, deterministic: bool, decode: bool = False,
-                 max_decode_length: int | None = None) -> Array:
+                 max_decode_length: int | None = None, return_hidden: bool = False) -> Array:
+        """Logits (batch, length, vocab), or with `return_hidden` the final hidden states that
+        `logits_from_hidden` projects (a chunked loss does that a slice at a time)."""
         cfg = self.cfg
         dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
         x = _constrain(dropout(self.shared_embedding(decoder_input_tokens),
@@ -206,11 +214,16 @@ class Decoder(nn.Module):
             x = _constrain(layer(x, encoded, self_mask, cross_mask, bias, deterministic, decode))
         x = _norm(cfg, "decoder_norm")(x)
         x = dropout(x, deterministic=deterministic)
+        return x if return_hidden else self.logits_from_hidden(x)
+
+    def logits_from_hidden(self, x: Array) -> Array:
+        """The output layer: the tied embedding (after scaling by emb_dim**-0.5) or
+        `logits_dense`; float32 logits."""
+        cfg = self.cfg
         if cfg.logits_via_embedding:
             logits = self.shared_embedding.attend(x * (cfg.emb_dim ** -0.5))
         else:
-            logits = layers.Dense((cfg.vocab_size,), ("embed",), ("vocab",), dtype=cfg.jnp_dtype,
-                                  name="logits_dense")(x)
+            logits = self.logits_dense(x)
         return _constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
 
 
@@ -269,7 +282,8 @@ class Transformer(nn.Module):
     def decode(self, encoded: Array, encoder_input_tokens: Array, decoder_input_tokens: Array,
                encoder_segment_ids: Array | None = None,
                decoder_segment_ids: Array | None = None, enable_dropout: bool = False,
-               decode: bool = False, max_decode_length: int | None = None) -> Array:
+               decode: bool = False, max_decode_length: int | None = None,
+               return_hidden: bool = False) -> Array:
         if decode:
             # One new position per call: causality comes from the cache's fill level.
             self_mask = None
@@ -280,16 +294,21 @@ class Transformer(nn.Module):
                                               decoder_segment_ids, encoder_segment_ids)
         return self.decoder(encoded, decoder_input_tokens, self_mask, cross_mask,
                             deterministic=not enable_dropout, decode=decode,
-                            max_decode_length=max_decode_length)
+                            max_decode_length=max_decode_length, return_hidden=return_hidden)
+
+    def logits_from_hidden(self, hidden: Array) -> Array:
+        return self.decoder.logits_from_hidden(hidden)
 
     def __call__(self, encoder_input_tokens: Array, decoder_input_tokens: Array,
                  encoder_segment_ids: Array | None = None,
                  decoder_segment_ids: Array | None = None, enable_dropout: bool = False,
-                 decode: bool = False, max_decode_length: int | None = None) -> Array:
+                 decode: bool = False, max_decode_length: int | None = None,
+                 return_hidden: bool = False) -> Array:
         encoded = self.encode(encoder_input_tokens, encoder_segment_ids, enable_dropout)
         return self.decode(encoded, encoder_input_tokens, decoder_input_tokens,
                            encoder_segment_ids, decoder_segment_ids, enable_dropout,
-                           decode=decode, max_decode_length=max_decode_length)
+                           decode=decode, max_decode_length=max_decode_length,
+                           return_hidden=return_hidden)
 
 
 def count_params(params) -> int:
