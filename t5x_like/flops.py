@@ -80,3 +80,12 @@ def forward_flops(config: Any, feature_lengths: Mapping[str, int]) -> int | None
     if family == "bert":
         return encoder_only_flops(config, inputs, targets)
     return None
+
+
+def train_step_flops(config: Any, feature_lengths: Mapping[str, int],
+                     batch_size: int) -> float | None:
+    """Hand-counted model FLOPs of one training step (forward x 3, whole batch). Unlike XLA's
+    cost analysis, which counts a loop body once, this does not depend on how the step is
+    compiled (scanned layers, a chunked loss)."""
+    forward = forward_flops(config, feature_lengths)
+    return None if forward is None else forward * TRAINING_MULTIPLIER * batch_size

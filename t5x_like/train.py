@@ -51,10 +51,10 @@ def _check_model_dir(model_dir: str | None) -> str:
 
 
 def _check_resume_config(checkpointer: trainer.Checkpointer, cfg) -> None:
-    saved = checkpointer.restore_config()
-    if saved != cfg:
-        diffs = [f"{k}: checkpoint {v!r} vs config {getattr(cfg, k)!r}"
-                 for k, v in saved.to_json().items() if v != cfg.to_json()[k]]
+    saved, current = checkpointer.restore_config().to_json(), cfg.to_json()
+    diffs = [f"{k}: checkpoint {v!r} vs config {current.get(k)!r}" for k, v in saved.items()
+             if v != current.get(k) and k not in params_io.COMPUTE_ONLY_FIELDS]
+    if diffs:
         raise config_lib.ConfigError(
             f"MODEL_DIR {checkpointer.directory} holds a checkpoint of a different model "
             f"({'; '.join(diffs)}). Use another --gin.MODEL_DIR or the checkpoint's model gin "
@@ -243,7 +243,7 @@ def train(
             elapsed = time.perf_counter() - window_start
             summary["tokens_per_s"] = tokens_per_batch * len(window) / elapsed
             summary["step_time_s"] = elapsed / len(window)
-            step_flops = model_flops_per_step(model, feature_lengths, batch_size)
+            step_flops = flops.train_step_flops(model.config, feature_lengths, batch_size)
             if step_flops:
                 summary["mfu"] = hardware.mfu(step_flops, summary["step_time_s"], peak)
             writer.write_scalars(step, {f"train/{k}": v for k, v in summary.items()})
@@ -286,19 +286,12 @@ def train(
     return state
 
 
-def model_flops_per_step(model: Model, feature_lengths: Mapping[str, int],
-                         batch_size: int) -> float | None:
-    """Hand-counted model FLOPs of one training step (forward x 3, whole batch)."""
-    forward = flops.forward_flops(model.config, feature_lengths)
-    return None if forward is None else forward * flops.TRAINING_MULTIPLIER * batch_size
-
-
 def model_size_line(model: Model, feature_lengths: Mapping[str, int],
                     batch_size: int) -> str:
     """Parameter count and hand-counted model FLOPs (`flops.forward_flops`), so runs of
     different architectures (the T5 paper's Table 2) can be compared at start-up."""
     params = t5.count_params(model.abstract_params())
-    step = model_flops_per_step(model, feature_lengths, batch_size)
+    step = flops.train_step_flops(model.config, feature_lengths, batch_size)
     line = f"model: {type(model).__name__}, {params:,} parameters"
     if step is not None:
         forward = step / (flops.TRAINING_MULTIPLIER * batch_size)

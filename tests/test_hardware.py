@@ -6,7 +6,7 @@ import math
 import jax
 import pytest
 
-from t5x_like import hardware, train
+from t5x_like import flops, hardware
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
 from t5x_like.models.t5 import T5Config
 
@@ -21,7 +21,7 @@ def test_train_step_flops_and_mfu_by_hand():
     At 0.5 s a step on a 1e5 FLOP/s machine: MFU 21,480 / 0.5 / 1e5 = 42.96%."""
     cfg = T5Config(vocab_size=10, emb_dim=4, num_heads=1, head_dim=2, mlp_dim=8,
                    num_encoder_layers=1, num_decoder_layers=1)
-    step = train.model_flops_per_step(EncoderDecoderModel(cfg), {"inputs": 3, "targets": 2}, 5)
+    step = flops.train_step_flops(EncoderDecoderModel(cfg).config, {"inputs": 3, "targets": 2}, 5)
     assert step == 21_480
     assert math.isclose(hardware.mfu(step, 0.5, 1e5), 0.4296)
 

@@ -75,6 +75,10 @@ ARCHITECTURE_FIELDS = ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_di
                        "logits_via_embedding", "relative_attention_num_buckets")
 
 
+# How a step is computed, not what the model is: a resumed run may change them.
+COMPUTE_ONLY_FIELDS = ("dtype", "remat_policy")
+
+
 def checkpoint_directory(path: str) -> str:
     """Accept a run's MODEL_DIR (its `checkpoints/`), a checkpoints directory, or a converted
     checkpoint directory."""

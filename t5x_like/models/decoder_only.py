@@ -63,6 +63,7 @@ class GPTConfig(layers.FamilyConfig):
     # GPT-1 fine-tuning's learned start / delimiter / extract tokens: embedding rows after the
     # vocabulary (ids vocab_size, vocab_size + 1, ...), added to a pretrained model's table.
     num_special_tokens: int = 0
+    remat_policy: str = "none"  # layers.REMAT_POLICIES: activation memory vs recomputation
 
     ARCHITECTURE_FIELDS = ("vocab_size", "max_position_embeddings", "hidden_size",
                            "num_layers", "num_heads", "intermediate_size", "pre_layer_norm",
@@ -79,6 +80,7 @@ class GPTConfig(layers.FamilyConfig):
             if getattr(self, field) not in allowed:
                 raise ValueError(f"GPTConfig.{field}={getattr(self, field)!r}; choose one of "
                                  f"{allowed}.")
+        layers.check_remat_policy(self.remat_policy)
 
     @property
     def activations(self) -> tuple[str, ...]:
@@ -185,7 +187,8 @@ class DecoderOnly(nn.Module):
                 bidirectional=cfg.relative_attention_bidirectional, dtype=dtype,
                 name="relpos_bias")
         self.dropout = nn.Dropout(cfg.dropout_rate)
-        self.blocks = [DecoderBlock(cfg, name=f"layers_{i}") for i in range(cfg.num_layers)]
+        block = layers.remat(DecoderBlock, cfg.remat_policy, static_argnums=(3, 4))
+        self.blocks = [block(cfg, name=f"layers_{i}") for i in range(cfg.num_layers)]
         self.final_norm = _norm(cfg, "final_norm") if cfg.pre_layer_norm else None
         if not cfg.tie_embeddings:
             self.logits_dense = layers.Dense(

@@ -18,6 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 Array = jax.Array
 Initializer = Callable[..., Array]
@@ -77,6 +78,38 @@ def layer_norm(epsilon: float, dtype: DType, name: str) -> nn.LayerNorm:
     return nn.LayerNorm(epsilon=epsilon, dtype=dtype, param_dtype=jnp.float32, name=name,
                         scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
                         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))
+
+
+# Rematerialisation: what a layer keeps from its forward pass for the backward pass; the rest is
+# recomputed. 'full' keeps only the layer's input (least memory, ~one extra forward); 'dots'
+# keeps every matmul output; 'dots_no_batch' keeps the weight matmuls but recomputes the
+# attention scores and their softmax (the part that grows with length squared);
+# 'save_qkv_proj' keeps only the query/key/value projections.
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "save_qkv_proj": jax.checkpoint_policies.save_only_these_names(
+        "query_proj", "key_proj", "value_proj"),
+}
+
+
+def check_remat_policy(policy: str) -> None:
+    if policy not in REMAT_POLICIES:
+        raise ValueError(f"remat_policy={policy!r}; choose one of {sorted(REMAT_POLICIES)}.")
+
+
+def remat(layer: type[nn.Module], policy: str, static_argnums: tuple[int, ...]
+          ) -> type[nn.Module]:
+    """`layer` with rematerialisation under `policy` (a name in REMAT_POLICIES; 'none' returns
+    it unchanged). Parameter names and values do not change, only what the backward pass
+    keeps. `static_argnums` count `self` as 0 and every call must pass those arguments
+    positionally (flax's lifted jax.checkpoint)."""
+    check_remat_policy(policy)
+    if policy == "none":
+        return layer
+    return nn.remat(layer, policy=REMAT_POLICIES[policy], static_argnums=static_argnums)
 
 
 class FamilyConfig:
@@ -275,11 +308,11 @@ class MultiHeadAttention(nn.Module):
                                  use_bias=self.use_bias, kernel_init=init)
         emb_dim = inputs_q.shape[-1]
         query_init = init if explicit_scale else fan_in_normal(1.0 / self.head_dim)
-        query = proj(kernel_init=query_init, name="query")(inputs_q)
+        query = checkpoint_name(proj(kernel_init=query_init, name="query")(inputs_q), "query_proj")
         if explicit_scale:
             query = query / jnp.sqrt(jnp.asarray(self.head_dim, query.dtype))
-        key = proj(name="key")(inputs_kv)
-        value = proj(name="value")(inputs_kv)
+        key = checkpoint_name(proj(name="key")(inputs_kv), "key_proj")
+        value = checkpoint_name(proj(name="value")(inputs_kv), "value_proj")
 
         if decode:
             key, value, mask, bias = self._update_cache(key, value, mask, bias)

@@ -39,6 +39,9 @@ class T5Config:
     `shared_encoder_decoder=True` is the T5 paper's "encoder-decoder, shared" (Table 2): one
     stack of layers used twice, the decoder adding only its cross-attention (with its norm),
     its own relative-position table and final norm. The "L/2 + L/2" row is plain layer counts.
+
+    `remat_policy` (`layers.REMAT_POLICIES`) trades compute for activation memory per layer;
+    it changes neither parameters nor results.
     """
 
     vocab_size: int = 32128
@@ -57,10 +60,16 @@ class T5Config:
     dtype: str = "float32"
     float32_attention_logits: bool = True
     shared_encoder_decoder: bool = False
+    remat_policy: str = "none"
 
     def __post_init__(self) -> None:
         # Gin hands lists; keep the config hashable so it can be a static jit argument.
         object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
+        layers.check_remat_policy(self.remat_policy)
+        if self.shared_encoder_decoder and self.remat_policy != "none":
+            raise ValueError("remat_policy needs shared_encoder_decoder=False: a shared layer "
+                             "runs the decoder's cross-attention inside it, which a "
+                             "rematerialised layer cannot call.")
 
     @property
     def jnp_dtype(self) -> jnp.dtype:
@@ -171,7 +180,8 @@ class Encoder(nn.Module):
     def setup(self) -> None:
         cfg = self.cfg
         self.relpos_bias = _relpos(cfg, bidirectional=True, name=None)
-        self.layers = [EncoderLayer(cfg) for _ in range(cfg.num_encoder_layers)]
+        layer = layers.remat(EncoderLayer, cfg.remat_policy, static_argnums=(4, 5, 6))
+        self.layers = [layer(cfg) for _ in range(cfg.num_encoder_layers)]
         self.encoder_norm = _norm(cfg, None)
         self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
 
@@ -180,7 +190,7 @@ class Encoder(nn.Module):
         length = tokens.shape[-1]
         bias = self.relpos_bias(length, length)
         for layer in self.layers:
-            x = _constrain(layer(x, mask, bias, deterministic))
+            x = _constrain(layer(x, mask, bias, deterministic, False, None))
         x = self.encoder_norm(x)
         return _constrain(self.dropout(x, deterministic=deterministic))
 
@@ -208,8 +218,9 @@ class Decoder(nn.Module):
                                deterministic=deterministic))
         length = max_decode_length if decode and max_decode_length else x.shape[-2]
         bias = _relpos(cfg, bidirectional=False)(length, length)
+        decoder_layer = layers.remat(DecoderLayer, cfg.remat_policy, static_argnums=(6, 7))
         for i in range(cfg.num_decoder_layers):
-            layer = (DecoderLayer(cfg, name=f"layers_{i}") if self.encoder is None else
+            layer = (decoder_layer(cfg, name=f"layers_{i}") if self.encoder is None else
                      SharedDecoderLayer(cfg, self.encoder.layers[i], name=f"layers_{i}"))
             x = _constrain(layer(x, encoded, self_mask, cross_mask, bias, deterministic, decode))
         x = _norm(cfg, "decoder_norm")(x)
