@@ -2,7 +2,7 @@
 
     python -m benchmarks.train_throughput [--batch 8] [--inputs 512] [--targets 128]
         [--dtype float32|bfloat16] [--gin_file gin_configs/models/t5_1_1/base.gin] [--steps 10]
-        [--loss_chunk_length 32]
+        [--loss_chunk_length 32] [--remat_policy full]
 
 The default model is the standard benchmark config: T5.1.1-style (gated-GELU, untied output),
 emb_dim 256, 4+4 layers, 4 heads of 64, mlp_dim 1024, vocab 32128, dropout 0, float32.
@@ -106,7 +106,7 @@ def run(cfg: T5Config, batch: int, inputs: int, targets: int, steps: int,
     return {
         "params": count_params(params),
         "batch": batch, "inputs": inputs, "targets": targets, "dtype": cfg.dtype,
-        "loss_chunk_length": loss_chunk_length,
+        "loss_chunk_length": loss_chunk_length, "remat_policy": cfg.remat_policy,
         "compile_s": compile_s,
         "step_s_median": step_s,
         "tokens_per_s": tokens / step_s,
@@ -138,6 +138,7 @@ def print_table(result: dict[str, Any]) -> None:
         ("parameters", f"{result['params']:,}"),
         ("batch x (inputs + targets)",
          f"{result['batch']} x ({result['inputs']} + {result['targets']}), {result['dtype']}"),
+        ("remat policy", result["remat_policy"]),
         ("loss", "whole logits" if not result["loss_chunk_length"]
          else f"chunks of {result['loss_chunk_length']} positions"),
         ("compile time", f"{result['compile_s']:.2f} s"),
@@ -169,6 +170,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--gin", action="append", default=[], dest="bindings",
                         help="extra gin binding, e.g. --gin T5Config.num_encoder_layers=2")
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--remat_policy", default="none",
+                        help="none | full | dots | dots_no_batch | save_qkv_proj")
     parser.add_argument("--loss_chunk_length", type=int, default=None,
                         help="chunked cross-entropy, this many target positions at a time")
     parser.add_argument("--mesh_shape", default=None, help="data,model (default: all on data)")
@@ -181,7 +184,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         cfg = load_model_config(args.gin_file, args.bindings)
     else:
         cfg = BENCHMARK_CONFIG
-    cfg = T5Config(**{**cfg.__dict__, "dtype": args.dtype})
+    cfg = T5Config(**{**cfg.__dict__, "dtype": args.dtype, "remat_policy": args.remat_policy})
     mesh_shape = tuple(int(x) for x in args.mesh_shape.split(",")) if args.mesh_shape else None
     result = run(cfg, args.batch, args.inputs, args.targets, args.steps, mesh_shape,
                  args.layout, args.loss_chunk_length)

@@ -76,7 +76,7 @@ ARCHITECTURE_FIELDS = ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_di
 
 
 # How a step is computed, not what the model is: a resumed run may change them.
-COMPUTE_ONLY_FIELDS = ("dtype", "remat_policy")
+COMPUTE_ONLY_FIELDS = ("dtype", "remat_policy", "attention_implementation")
 
 
 def checkpoint_directory(path: str) -> str:

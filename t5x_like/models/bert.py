@@ -40,11 +40,15 @@ class BertConfig(layers.FamilyConfig):
     layer_norm_epsilon: float = 1e-12
     initializer_range: float = 0.02
     dtype: str = "float32"
+    attention_implementation: str = "xla"  # layers.ATTENTION_IMPLEMENTATIONS
 
     # Fields that decide parameter shapes and meaning (checked when a checkpoint is loaded).
     ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads",
                            "intermediate_size", "max_position_embeddings", "type_vocab_size")
     FAMILY = "bert"
+
+    def __post_init__(self) -> None:
+        layers.check_attention_implementation(self.attention_implementation)
 
 
 def layer_norm(cfg: BertConfig, name: str) -> nn.LayerNorm:
@@ -98,7 +102,8 @@ class EncoderLayer(nn.Module):
         init = layers.normal(cfg.initializer_range)
         attended = layers.MultiHeadAttention(
             cfg.num_heads, cfg.head_dim, dropout_rate=cfg.attention_dropout_rate, dtype=dtype,
-            use_bias=True, kernel_init=init, name="attention")(
+            use_bias=True, kernel_init=init, implementation=cfg.attention_implementation,
+            name="attention")(
                 x, x, mask=mask, deterministic=deterministic)
         attended = nn.Dropout(cfg.dropout_rate)(attended, deterministic=deterministic)
         x = layer_norm(cfg, "attention_norm")(x + attended)

@@ -64,6 +64,7 @@ class GPTConfig(layers.FamilyConfig):
     # vocabulary (ids vocab_size, vocab_size + 1, ...), added to a pretrained model's table.
     num_special_tokens: int = 0
     remat_policy: str = "none"  # layers.REMAT_POLICIES: activation memory vs recomputation
+    attention_implementation: str = "xla"  # layers.ATTENTION_IMPLEMENTATIONS
 
     ARCHITECTURE_FIELDS = ("vocab_size", "max_position_embeddings", "hidden_size",
                            "num_layers", "num_heads", "intermediate_size", "pre_layer_norm",
@@ -81,6 +82,7 @@ class GPTConfig(layers.FamilyConfig):
                 raise ValueError(f"GPTConfig.{field}={getattr(self, field)!r}; choose one of "
                                  f"{allowed}.")
         layers.check_remat_policy(self.remat_policy)
+        layers.check_attention_implementation(self.attention_implementation)
 
     @property
     def activations(self) -> tuple[str, ...]:
@@ -144,7 +146,7 @@ class DecoderBlock(nn.Module):
         attention = layers.MultiHeadAttention(
             cfg.num_heads, cfg.head_dim, dropout_rate=cfg.attention_dropout_rate, dtype=dtype,
             use_bias=cfg.use_bias, kernel_init=attention_init, output_kernel_init=output_init,
-            name="attention")
+            implementation=cfg.attention_implementation, name="attention")
         mlp = layers.MlpBlock(cfg.intermediate_size, activations=cfg.activations, dtype=dtype,
                               use_bias=cfg.use_bias, kernel_init=mlp_init,
                               output_kernel_init=output_init, name="mlp")

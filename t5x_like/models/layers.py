@@ -100,6 +100,19 @@ def check_remat_policy(policy: str) -> None:
         raise ValueError(f"remat_policy={policy!r}; choose one of {sorted(REMAT_POLICIES)}.")
 
 
+# 'xla': the attention written out (einsum, bias, mask, softmax, dropout): the reference.
+# 'dot_product_attention': `jax.nn.dot_product_attention`, which picks cuDNN's fused flash
+# attention on NVIDIA GPUs (relative bias and masks included) and XLA elsewhere. Attention
+# dropout is not fused: with dropout active a layer runs the reference path.
+ATTENTION_IMPLEMENTATIONS = ("xla", "dot_product_attention")
+
+
+def check_attention_implementation(name: str) -> None:
+    if name not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(f"attention_implementation={name!r}; choose one of "
+                         f"{ATTENTION_IMPLEMENTATIONS}.")
+
+
 def remat(layer: type[nn.Module], policy: str, static_argnums: tuple[int, ...]
           ) -> type[nn.Module]:
     """`layer` with rematerialisation under `policy` (a name in REMAT_POLICIES; 'none' returns
@@ -296,6 +309,7 @@ class MultiHeadAttention(nn.Module):
     # initializer: that init for every projection and an explicit 1/sqrt(d_kv) scale (BERT).
     kernel_init: Initializer | None = None
     output_kernel_init: Initializer | None = None  # `out`'s own init (GPT-2's residual scaling)
+    implementation: str = "xla"  # ATTENTION_IMPLEMENTATIONS
 
     @nn.compact
     def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Array | None = None,
@@ -317,6 +331,24 @@ class MultiHeadAttention(nn.Module):
         if decode:
             key, value, mask, bias = self._update_cache(key, value, mask, bias)
 
+        dropout = self.dropout_rate > 0 and not deterministic
+        if self.implementation == "dot_product_attention" and not dropout:
+            # jax's fused attention (cuDNN flash attention on GPU where it applies, XLA
+            # elsewhere): T5's relative bias and any mask go in as they are; no 1/sqrt(d)
+            # scale (T5 folds it into the query init, BERT/GPT applied it above). The bias
+            # keeps the logits' precision, as in the reference.
+            bias_dtype = jnp.float32 if self.float32_logits else self.dtype
+            out = jax.nn.dot_product_attention(
+                query, key, value, bias=None if bias is None else bias.astype(bias_dtype),
+                mask=None if mask is None else mask.astype(bool), scale=1.0)
+        else:
+            out = self._reference_attention(query, key, value, mask, bias, deterministic)
+        return Dense((emb_dim,), ("heads", "kv"), ("embed",), dtype=self.dtype, name="out",
+                     use_bias=self.use_bias, kernel_init=self.output_kernel_init or init)(out)
+
+    def _reference_attention(self, query: Array, key: Array, value: Array, mask: Array | None,
+                             bias: Array | None, deterministic: bool) -> Array:
+        """softmax(q k^T + bias, masked) v, with dropout on the weights (the papers' form)."""
         logit_dtype = jnp.float32 if self.float32_logits else self.dtype
         logits = jnp.einsum("bqhd,bkhd->bhqk", query.astype(logit_dtype), key.astype(logit_dtype))
         if bias is not None:
@@ -325,9 +357,7 @@ class MultiHeadAttention(nn.Module):
             logits = jnp.where(mask, logits, jnp.asarray(NEG_INF, logit_dtype))
         weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
         weights = nn.Dropout(self.dropout_rate)(weights, deterministic=deterministic)
-        out = jnp.einsum("bhqk,bkhd->bqhd", weights, value)
-        return Dense((emb_dim,), ("heads", "kv"), ("embed",), dtype=self.dtype, name="out",
-                     use_bias=self.use_bias, kernel_init=self.output_kernel_init or init)(out)
+        return jnp.einsum("bhqk,bkhd->bqhd", weights, value)
 
     def _update_cache(self, key: Array, value: Array, mask: Array | None,
                       bias: Array | None) -> tuple[Array, Array, Array | None, Array | None]:

@@ -61,11 +61,13 @@ class T5Config:
     float32_attention_logits: bool = True
     shared_encoder_decoder: bool = False
     remat_policy: str = "none"
+    attention_implementation: str = "xla"  # layers.ATTENTION_IMPLEMENTATIONS
 
     def __post_init__(self) -> None:
         # Gin hands lists; keep the config hashable so it can be a static jit argument.
         object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
         layers.check_remat_policy(self.remat_policy)
+        layers.check_attention_implementation(self.attention_implementation)
         if self.shared_encoder_decoder and self.remat_policy != "none":
             raise ValueError("remat_policy needs shared_encoder_decoder=False: a shared layer "
                              "runs the decoder's cross-attention inside it, which a "
@@ -85,7 +87,8 @@ class T5Config:
 def _attention(cfg: T5Config, name: str) -> layers.MultiHeadAttention:
     return layers.MultiHeadAttention(
         num_heads=cfg.num_heads, head_dim=cfg.head_dim, dropout_rate=cfg.dropout_rate,
-        dtype=cfg.jnp_dtype, float32_logits=cfg.float32_attention_logits, name=name)
+        dtype=cfg.jnp_dtype, float32_logits=cfg.float32_attention_logits,
+        implementation=cfg.attention_implementation, name=name)
 
 
 def _norm(cfg: T5Config, name: str | None) -> layers.RMSNorm:
