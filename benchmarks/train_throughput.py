@@ -2,7 +2,7 @@
 
     python -m benchmarks.train_throughput [--batch 8] [--inputs 512] [--targets 128]
         [--dtype float32|bfloat16] [--gin_file gin_configs/models/t5_1_1/base.gin] [--steps 10]
-        [--loss_chunk_length 32] [--remat_policy full]
+        [--loss_chunk_length 32] [--remat_policy full] [--compare-hf]
 
 The default model is the standard benchmark config: T5.1.1-style (gated-GELU, untied output),
 emb_dim 256, 4+4 layers, 4 heads of 64, mlp_dim 1024, vocab 32128, dropout 0, float32.
@@ -26,6 +26,9 @@ import os
 import platform
 import resource
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from typing import Any
 
@@ -159,6 +162,39 @@ def print_table(result: dict[str, Any]) -> None:
         print(f"{k:<{width}}  {v}")
 
 
+def time_hf_reference(result: dict[str, Any], steps: int) -> dict[str, Any]:
+    """HuggingFace's PyTorch T5 of the same dimensions and batch, timed in its own process
+    (`benchmarks.hf_t5_step`) with as many threads as this host has cores."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "hf.json")
+        subprocess.run([sys.executable, "-m", "benchmarks.hf_t5_step",
+                        "--config", json.dumps(result["config"]), "--batch", str(result["batch"]),
+                        "--inputs", str(result["inputs"]), "--targets", str(result["targets"]),
+                        "--steps", str(steps), "--threads", str(os.cpu_count() or 1),
+                        "--out", out], check=True)
+        with open(out) as f:
+            hf = json.load(f)
+    hf["mfu"] = result["flops_per_step"] / hf["step_s_median"] / result["peak_matmul_flops_per_s"]
+    return hf
+
+
+def print_hf_comparison(result: dict[str, Any]) -> None:
+    hf = result["hf"]
+    rows = [("", "t5x_like", f"HF PyTorch ({hf['threads']} threads)"),
+            ("parameters", f"{result['params']:,}", f"{hf['params']:,}"),
+            ("median step time", f"{result['step_s_median'] * 1e3:.1f} ms",
+             f"{hf['step_s_median'] * 1e3:.1f} ms"),
+            ("tokens/s", f"{result['tokens_per_s']:,.0f}", f"{hf['tokens_per_s']:,.0f}"),
+            ("MFU", f"{100 * result['mfu']:.1f} %", f"{100 * hf['mfu']:.1f} %"),
+            ("host max RSS", _fmt_bytes(result["host_max_rss_bytes"]),
+             _fmt_bytes(hf["host_max_rss_bytes"]))]
+    print()
+    for what, ours, theirs in rows:
+        print(f"{what:<18}  {ours:>18}  {theirs:>22}")
+    print(f"speed ratio (t5x_like / HF tokens/s): "
+          f"{result['tokens_per_s'] / hf['tokens_per_s']:.2f}x")
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=8)
@@ -177,6 +213,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--mesh_shape", default=None, help="data,model (default: all on data)")
     parser.add_argument("--layout", default="auto",
                         help="data_parallel | model_parallel | fsdp | auto")
+    parser.add_argument("--compare-hf", dest="compare_hf", action="store_true",
+                        help="also time HuggingFace's PyTorch T5 of the same dimensions "
+                             "(needs the test extra: torch, transformers)")
     parser.add_argument("--out", default="benchmarks/results/train_throughput.json")
     args = parser.parse_args(argv)
 
@@ -190,6 +229,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                  args.layout, args.loss_chunk_length)
     result["config"] = {**cfg.__dict__, "mlp_activations": list(cfg.mlp_activations)}
     print_table(result)
+    if args.compare_hf:
+        result["hf"] = time_hf_reference(result, args.steps)
+        print_hf_comparison(result)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
