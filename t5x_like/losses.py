@@ -29,10 +29,14 @@ def cross_entropy_with_logits(logits: Array, targets: Array, weights: Array | No
     low = label_smoothing / (vocab - 1)
     normalizing_constant = -(
         confidence * np.log(confidence) + (vocab - 1) * low * np.log(low + 1e-20))
-    soft_targets = jax.nn.one_hot(targets, vocab) * (confidence - low) + low
     log_z = jax.nn.logsumexp(logits, axis=-1)
-    log_probs = logits - log_z[..., None]
-    loss = -jnp.sum(soft_targets * log_probs, axis=-1) - normalizing_constant
+    # -sum_v soft_v * log p_v with soft = low + (confidence - low) * one_hot(target), written
+    # without the (batch, length, vocab) one-hot: a gather for the target's logit and, when
+    # smoothing, the row sum of the logits (sum_v log p_v = sum_v logits_v - vocab * log_z).
+    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    loss = (confidence - low) * (log_z - target_logit) - normalizing_constant
+    if label_smoothing:
+        loss = loss + low * (vocab * log_z - jnp.sum(logits, axis=-1))
     z_part = z_loss * jnp.square(log_z)
     loss = loss + z_part
     if weights is not None:
