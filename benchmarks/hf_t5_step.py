@@ -46,6 +46,8 @@ def run(cfg: dict[str, Any], batch: int, inputs: int, targets: int, steps: int,
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     model = transformers.T5ForConditionalGeneration(hf_config(cfg))
+    if not cfg["logits_via_embedding"]:  # transformers 5 keeps lm_head tied regardless
+        model.lm_head = torch.nn.Linear(cfg["emb_dim"], cfg["vocab_size"], bias=False)
     model.train()
     optimizer = Adafactor(model.parameters(), lr=None, scale_parameter=True,
                           relative_step=True, warmup_init=False)
@@ -71,7 +73,17 @@ def run(cfg: dict[str, Any], batch: int, inputs: int, targets: int, steps: int,
             "final_loss": loss, "threads": threads, "torch": torch.__version__,
             "transformers": transformers.__version__,
             "params": sum(p.numel() for p in model.parameters()),
-            "host_max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+            "host_max_rss_bytes": peak_rss_bytes()}
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory since it started (VmHWM; unlike ru_maxrss it is
+    not carried over from the parent across exec)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from benchmarks import hf_t5_step
 from t5x_like import flops, hardware, optimizers, partitioning, trainer
 from t5x_like.config import load_model_config
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
@@ -120,7 +120,7 @@ def run(cfg: T5Config, batch: int, inputs: int, targets: int, steps: int,
         "mfu": model_flops / step_s / peak_flops,
         "xla_step_bytes": xla_bytes,
         "device_peak_bytes": device_stats.get("peak_bytes_in_use"),
-        "host_max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "host_max_rss_bytes": hf_t5_step.peak_rss_bytes(),
         "final_loss": float(loss),
         "device": str(jax.devices()[0].device_kind),
         "num_devices": jax.device_count(),
