@@ -1,14 +1,19 @@
 """Convert HuggingFace checkpoints to ours and back, optionally verifying them.
 
-    python -m t5x_like.convert --from_hf DIR --to CKPT_DIR [--verify]
-    python -m t5x_like.convert --from_ckpt CKPT_DIR --to_hf DIR        (BERT, GPT)
+    python -m t5x_like.convert --from_hf DIR --to CKPT_DIR [--verify] [--layout scanned]
+    python -m t5x_like.convert --from_ckpt CKPT_DIR --to_hf DIR        (T5, BERT, GPT)
+    python -m t5x_like.convert --from_ckpt CKPT_DIR --to CKPT_DIR --layout scanned|per_layer
 
 DIR holds `config.json` and `model.safetensors` (or a sharded index; BERT also reads a
 `pytorch_model.bin` with torch's weights-only loader, which cannot run code). The family (T5 or
 BERT, OpenAI GPT, GPT-2) comes from config.json's `model_type`. `--verify` runs transformers' PyTorch model and ours
 on the same batch, prints `max_abs_logit_diff=<x>` and exits non-zero (writing nothing) when a
-difference exceeds 1e-4. `--to_hf` exports a BERT checkpoint in HuggingFace's layout for
-serving elsewhere: BertForPreTraining for a pretraining run, BertForQuestionAnswering for a
+difference exceeds 1e-4. `--layout scanned` writes the layers stacked for a model with
+`scan_layers=True` (T5, GPT); `--from_ckpt ... --to ... --layout` restacks an existing
+checkpoint either way (a run's pretrained checkpoint also converts on the fly when loaded
+through `init_checkpoint`). `--to_hf` exports a checkpoint in HuggingFace's layout, from either
+layer layout: T5ForConditionalGeneration for T5, the LM-head model for GPT, and for BERT
+BertForPreTraining for a pretraining run, BertForQuestionAnswering for a
 SQuAD model, BertForSequenceClassification for a classifier (or, with `--hf_architecture`,
 BertForMultipleChoice / BertForTokenClassification); fine-tuned HF checkpoints of those
 classes import too.
@@ -19,7 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from t5x_like.checkpoints import hf_bert, hf_gpt, hf_reference, hf_t5, params_io
+from t5x_like.checkpoints import hf_bert, hf_gpt, hf_reference, hf_t5, params_io, scan_layout
 
 
 def _import(args: argparse.Namespace) -> int:
@@ -52,26 +57,51 @@ def _import(args: argparse.Namespace) -> int:
                   "no checkpoint written.", file=sys.stderr)
             return 1
         print(f"verified: within {hf_reference.VERIFY_TOLERANCE:g} of the reference")
+    if args.layout == "scanned":
+        config, params = _relayout(config, params, scanned=True)
     path = params_io.save_params(args.to, params, config)
     print(f"Wrote {path}")
     return 0
 
 
-def _export(args: argparse.Namespace) -> int:
+def _relayout(config, params, scanned: bool):
+    """(config, params) with the layers in the scanned or the per-layer layout."""
+    import dataclasses
+
+    if not hasattr(config, "scan_layers"):
+        raise hf_t5.CheckpointError(f"{type(config).__name__} models have no scanned layout "
+                                    "(scan_layers exists for T5 and GPT).")
+    return (dataclasses.replace(config, scan_layers=scanned),
+            scan_layout.to_layout(params, scanned))
+
+
+def _read_checkpoint(path: str):
     import jax
 
-    directory = params_io.checkpoint_directory(args.from_ckpt)
+    directory = params_io.checkpoint_directory(path)
     config = params_io.restore_config(directory)
-    params = jax.device_get(params_io.restore_saved_params(directory))
+    return config, jax.device_get(params_io.restore_saved_params(directory))
+
+
+def _restack(args: argparse.Namespace) -> int:
+    config, params = _relayout(*_read_checkpoint(args.from_ckpt),
+                               scanned=args.layout == "scanned")
+    print(f"Wrote {params_io.save_params(args.to, params, config)} ({args.layout} layers)")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    config, params = _read_checkpoint(args.from_ckpt)
+    if isinstance(config, hf_t5.T5Config):
+        hf_t5.save_hf_checkpoint(args.to_hf, params, config)
+        print(f"Wrote {args.to_hf} (config.json + model.safetensors, "
+              "T5ForConditionalGeneration layout)")
+        return 0
     if isinstance(config, hf_gpt.GPTConfig):
         hf_gpt.save_hf_checkpoint(args.to_hf, params, config)
         print(f"Wrote {args.to_hf} (config.json + model.safetensors, "
               f"{hf_gpt.hf_config(config)['architectures'][0]} layout)")
         return 0
-    if not isinstance(config, hf_bert.BertConfig):
-        print("error: --to_hf exports BERT and GPT checkpoints; this one is a T5 model.",
-              file=sys.stderr)
-        return 2
     architecture = hf_bert.save_hf_checkpoint(args.to_hf, params, config,
                                               args.hf_architecture)
     print(f"Wrote {args.to_hf} (config.json + model.safetensors, {architecture} layout)")
@@ -87,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from_ckpt", help="our checkpoint (a run's MODEL_DIR or a converted "
                                             "directory) to export")
     parser.add_argument("--to_hf", help="output HuggingFace directory (with --from_ckpt)")
+    parser.add_argument("--layout", choices=("per_layer", "scanned"),
+                        help="layer layout to write: per_layer (layers_0..N-1; the default on "
+                             "import) or scanned (one stacked `layers`, for scan_layers=True)")
     parser.add_argument("--hf_architecture", choices=(
         "BertForSequenceClassification", "BertForMultipleChoice", "BertForTokenClassification"),
         help="HF class of an exported `classifier` head (default: sequence classification)")
@@ -96,10 +129,13 @@ def main(argv: list[str] | None = None) -> int:
             return _import(args)
         if args.from_ckpt and args.to_hf:
             return _export(args)
+        if args.from_ckpt and args.to and args.layout:
+            return _restack(args)
     except hf_t5.CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    parser.error("give --from_hf DIR --to CKPT_DIR, or --from_ckpt CKPT_DIR --to_hf DIR")
+    parser.error("give --from_hf DIR --to CKPT_DIR, --from_ckpt CKPT_DIR --to_hf DIR, or "
+                 "--from_ckpt CKPT_DIR --to CKPT_DIR --layout scanned|per_layer")
     return 2
 
 

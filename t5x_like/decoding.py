@@ -19,6 +19,8 @@ import gin
 import jax
 import jax.numpy as jnp
 
+from t5x_like.models.layers import SCANNED_STACK
+
 Array = jax.Array
 Cache = Any
 TokensToLogits = Callable[[Array, Cache], tuple[Array, Cache]]
@@ -155,15 +157,17 @@ def _gather_beams(x: Array, indices: Array) -> Array:
 
 
 def _gather_cache(cache: Cache, indices: Array, batch_size: int, beam_size: int) -> Cache:
-    """The same reordering for cache leaves laid out as (batch * beam, ...)."""
+    """The same reordering for cache leaves laid out as (batch * beam, ...), or as
+    (layers, batch * beam, ...) inside a scanned stack; leaves without that axis (cache
+    indices) are shared."""
 
-    def gather(x):
-        if not jnp.ndim(x):
-            return x
-        beams = x.reshape((batch_size, beam_size) + x.shape[1:])
-        return _gather_beams(beams, indices).reshape(x.shape)
+    rows = (jnp.arange(batch_size)[:, None] * beam_size + indices).reshape(-1)
 
-    return jax.tree_util.tree_map(gather, cache)
+    def gather(path, x):
+        axis = 1 if any(getattr(k, "key", None) == SCANNED_STACK for k in path) else 0
+        return x if jnp.ndim(x) <= axis else jnp.take(x, rows, axis=axis)
+
+    return jax.tree_util.tree_map_with_path(gather, cache)
 
 
 def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, batch_size: int,

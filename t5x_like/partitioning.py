@@ -38,9 +38,10 @@ from t5x_like.config import ConfigError
 Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
 
 # Logical names that never shard (small tables, per-head sizes, sequence positions, BERT's
-# position/segment tables and classifier outputs).
+# position/segment tables, classifier outputs, and the layer axis of a scanned stack).
 _ALWAYS_REPLICATED: Rules = (("kv", None), ("relpos_buckets", None), ("length", None),
-                              ("positions", None), ("segments", None), ("classes", None))
+                              ("positions", None), ("segments", None), ("classes", None),
+                              ("layers", None))
 
 LAYOUTS: dict[str, Rules] = {
     "data_parallel": (("batch", "data"), ("vocab", None), ("embed", None), ("mlp", None),

@@ -54,6 +54,12 @@ def _check_resume_config(checkpointer: trainer.Checkpointer, cfg) -> None:
     saved, current = checkpointer.restore_config().to_json(), cfg.to_json()
     diffs = [f"{k}: checkpoint {v!r} vs config {current.get(k)!r}" for k, v in saved.items()
              if v != current.get(k) and k not in params_io.COMPUTE_ONLY_FIELDS]
+    if "scan_layers" in saved and saved["scan_layers"] != current.get("scan_layers"):
+        raise config_lib.ConfigError(
+            f"MODEL_DIR {checkpointer.directory} was trained with scan_layers="
+            f"{saved['scan_layers']}; resume with --gin.{type(cfg).__name__}.scan_layers="
+            f"{saved['scan_layers']} (the optimizer state is in that layout), or start a new "
+            "run from it with --gin.train.init_checkpoint, which converts the parameters.")
     if diffs:
         raise config_lib.ConfigError(
             f"MODEL_DIR {checkpointer.directory} holds a checkpoint of a different model "

@@ -89,6 +89,29 @@ def test_convert_cli_verifies_and_writes_a_restorable_checkpoint(hf_checkpoint, 
                                   params["token_embedder"]["embedding"])
 
 
+def test_scanned_round_trip_back_to_transformers(hf_checkpoint, tmp_path, capsys):
+    """HF -> our scanned layout -> per-layer -> HF again: transformers loads the export as the
+    same model, every tensor equal (the untied v1.1 output layer stays untied)."""
+    _, directory, hf_model = hf_checkpoint
+    scanned, per_layer, back = tmp_path / "scanned", tmp_path / "per_layer", tmp_path / "hf"
+    assert convert.main(["--from_hf", str(directory), "--to", str(scanned),
+                         "--layout", "scanned"]) == 0
+    assert params_io.restore_config(str(scanned)).scan_layers
+    saved = params_io.restore_saved_params(str(scanned))
+    assert "layers" in saved["encoder"] and "layers_0" not in saved["encoder"]
+    assert convert.main(["--from_ckpt", str(scanned), "--to", str(per_layer),
+                         "--layout", "per_layer"]) == 0
+    assert not params_io.restore_config(str(per_layer)).scan_layers
+    for source in (scanned, per_layer):
+        assert convert.main(["--from_ckpt", str(source), "--to_hf", str(back)]) == 0
+        reloaded = transformers.T5ForConditionalGeneration.from_pretrained(str(back))
+        want = hf_model.state_dict()
+        got = reloaded.state_dict()
+        assert set(got) == set(want)
+        for name, tensor in want.items():
+            np.testing.assert_array_equal(got[name].numpy(), tensor.numpy(), err_msg=name)
+
+
 # ------------------------------------------------------------------- bad checkpoints
 @pytest.fixture()
 def editable_checkpoint(tmp_path):

@@ -106,18 +106,26 @@ def test_model_dir_is_required(capsys):
 
 
 def test_resume_with_another_model_is_refused(tmp_path, capsys):
+    """(The first run trains with scanned layers, sharded over the simulated devices.)"""
     model_dir = tmp_path / "run"
     config_lib.parse_gin(["gin_configs/runs/quickstart.gin"], TINY_RUN + [
         f"MODEL_DIR={model_dir}", "TRAIN_STEPS=2", "train.eval_every=0",
-        "train.num_predictions=0"])
+        "train.num_predictions=0", "T5Config.scan_layers=True"])
     train.train()
     gin.clear_config()
     code = train.main(["--gin_file=gin_configs/runs/quickstart.gin"]
                       + [f"--gin.{b}" for b in TINY_RUN]
                       + [f"--gin.MODEL_DIR={model_dir}", "--gin.T5Config.emb_dim=96",
-                         "--gin.TRAIN_STEPS=4"])
+                         "--gin.TRAIN_STEPS=4", "--gin.T5Config.scan_layers=True"])
     assert code == 2
     assert "emb_dim: checkpoint 64 vs config 96" in capsys.readouterr().err
+    gin.clear_config()
+    code = train.main(["--gin_file=gin_configs/runs/quickstart.gin"]
+                      + [f"--gin.{b}" for b in TINY_RUN]
+                      + [f"--gin.MODEL_DIR={model_dir}", "--gin.TRAIN_STEPS=4"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "trained with scan_layers=True" in err and "T5Config.scan_layers=True" in err
 
 
 @pytest.mark.slow  # two training subprocesses

@@ -8,16 +8,16 @@ missing or mis-shaped tensors are errors that name the tensor.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
-from t5x_like.checkpoints.hf_t5 import CheckpointError
+from t5x_like.checkpoints.hf_t5 import (CheckpointError, TransformPair, from_heads, same,
+                                          to_heads, transposed)
 from t5x_like.models.bert import BertConfig
 
 Tensor = np.ndarray
 Params = dict[str, Any]
-Transform = Callable[[Tensor], Tensor]
 
 
 def config_from_hf(hf: dict[str, Any]) -> BertConfig:
@@ -36,30 +36,8 @@ def config_from_hf(hf: dict[str, Any]) -> BertConfig:
         initializer_range=hf.get("initializer_range", 0.02))
 
 
-def _pair(to_ours: Transform, to_hf: Transform) -> tuple[Transform, Transform]:
-    return to_ours, to_hf
-
-
-def _same() -> tuple[Transform, Transform]:
-    return _pair(lambda w: w, lambda w: w)
-
-
-def _transposed() -> tuple[Transform, Transform]:
-    return _pair(lambda w: w.T, lambda w: w.T)
-
-
-def _to_heads(heads: tuple[int, int]) -> tuple[Transform, Transform]:
-    """Linear [out=H, in] -> kernel [in, heads, d_head]."""
-    return _pair(lambda w: w.T.reshape(-1, *heads), lambda k: k.reshape(k.shape[0], -1).T)
-
-
-def _from_heads(heads: tuple[int, int]) -> tuple[Transform, Transform]:
-    """Linear [out, in=H] -> kernel [heads, d_head, out]."""
-    return _pair(lambda w: w.T.reshape(*heads, -1), lambda k: k.reshape(-1, k.shape[-1]).T)
-
-
-def _bias_heads(heads: tuple[int, int]) -> tuple[Transform, Transform]:
-    return _pair(lambda b: b.reshape(heads), lambda b: b.reshape(-1))
+def _bias_heads(heads: tuple[int, int]) -> TransformPair:
+    return (lambda b: b.reshape(heads)), (lambda b: b.reshape(-1))
 
 
 # Fine-tuning heads: our top-level module -> HF's (the same name in BertFor{Sequence,Token}
@@ -82,43 +60,43 @@ def name_map(cfg: BertConfig, prefix: str = "bert.", heads_too: bool = True,
     enc = ("encoder",)
     emb = f"{prefix}embeddings"
     yield f"{emb}.word_embeddings.weight", (*enc, "embeddings", "word_embeddings",
-                                            "embedding"), _same()
-    yield f"{emb}.position_embeddings.weight", (*enc, "embeddings", "position_embeddings"), _same()
-    yield f"{emb}.token_type_embeddings.weight", (*enc, "embeddings", "segment_embeddings"), _same()
-    yield f"{emb}.LayerNorm.weight", (*enc, "embeddings", "layer_norm", "scale"), _same()
-    yield f"{emb}.LayerNorm.bias", (*enc, "embeddings", "layer_norm", "bias"), _same()
+                                            "embedding"), same()
+    yield f"{emb}.position_embeddings.weight", (*enc, "embeddings", "position_embeddings"), same()
+    yield f"{emb}.token_type_embeddings.weight", (*enc, "embeddings", "segment_embeddings"), same()
+    yield f"{emb}.LayerNorm.weight", (*enc, "embeddings", "layer_norm", "scale"), same()
+    yield f"{emb}.LayerNorm.bias", (*enc, "embeddings", "layer_norm", "bias"), same()
     for i in range(cfg.num_layers):
         hf = f"{prefix}encoder.layer.{i}"
         ours = (*enc, f"layers_{i}")
         for name in ("query", "key", "value"):
             yield (f"{hf}.attention.self.{name}.weight", (*ours, "attention", name, "kernel"),
-                   _to_heads(heads))
+                   to_heads(heads))
             yield (f"{hf}.attention.self.{name}.bias", (*ours, "attention", name, "bias"),
                    _bias_heads(heads))
         yield (f"{hf}.attention.output.dense.weight", (*ours, "attention", "out", "kernel"),
-               _from_heads(heads))
-        yield f"{hf}.attention.output.dense.bias", (*ours, "attention", "out", "bias"), _same()
+               from_heads(heads))
+        yield f"{hf}.attention.output.dense.bias", (*ours, "attention", "out", "bias"), same()
         for hf_norm, norm in (("attention.output.LayerNorm", "attention_norm"),
                               ("output.LayerNorm", "mlp_norm")):
-            yield f"{hf}.{hf_norm}.weight", (*ours, norm, "scale"), _same()
-            yield f"{hf}.{hf_norm}.bias", (*ours, norm, "bias"), _same()
+            yield f"{hf}.{hf_norm}.weight", (*ours, norm, "scale"), same()
+            yield f"{hf}.{hf_norm}.bias", (*ours, norm, "bias"), same()
         for hf_dense, dense in (("intermediate.dense", "wi"), ("output.dense", "wo")):
-            yield f"{hf}.{hf_dense}.weight", (*ours, "mlp", dense, "kernel"), _transposed()
-            yield f"{hf}.{hf_dense}.bias", (*ours, "mlp", dense, "bias"), _same()
+            yield f"{hf}.{hf_dense}.weight", (*ours, "mlp", dense, "kernel"), transposed()
+            yield f"{hf}.{hf_dense}.bias", (*ours, "mlp", dense, "bias"), same()
     if pooler:
-        yield f"{prefix}pooler.dense.weight", (*enc, "pooler", "kernel"), _transposed()
-        yield f"{prefix}pooler.dense.bias", (*enc, "pooler", "bias"), _same()
+        yield f"{prefix}pooler.dense.weight", (*enc, "pooler", "kernel"), transposed()
+        yield f"{prefix}pooler.dense.bias", (*enc, "pooler", "bias"), same()
     if heads_too:
-        yield "cls.predictions.transform.dense.weight", ("mlm", "transform", "kernel"), _transposed()
-        yield "cls.predictions.transform.dense.bias", ("mlm", "transform", "bias"), _same()
-        yield "cls.predictions.transform.LayerNorm.weight", ("mlm", "layer_norm", "scale"), _same()
-        yield "cls.predictions.transform.LayerNorm.bias", ("mlm", "layer_norm", "bias"), _same()
-        yield "cls.predictions.bias", ("mlm_output_bias",), _same()
-        yield "cls.seq_relationship.weight", ("nsp", "kernel"), _transposed()
-        yield "cls.seq_relationship.bias", ("nsp", "bias"), _same()
+        yield "cls.predictions.transform.dense.weight", ("mlm", "transform", "kernel"), transposed()
+        yield "cls.predictions.transform.dense.bias", ("mlm", "transform", "bias"), same()
+        yield "cls.predictions.transform.LayerNorm.weight", ("mlm", "layer_norm", "scale"), same()
+        yield "cls.predictions.transform.LayerNorm.bias", ("mlm", "layer_norm", "bias"), same()
+        yield "cls.predictions.bias", ("mlm_output_bias",), same()
+        yield "cls.seq_relationship.weight", ("nsp", "kernel"), transposed()
+        yield "cls.seq_relationship.bias", ("nsp", "bias"), same()
     if fine_tuning_head:
-        yield f"{fine_tuning_head}.weight", (fine_tuning_head, "kernel"), _transposed()
-        yield f"{fine_tuning_head}.bias", (fine_tuning_head, "bias"), _same()
+        yield f"{fine_tuning_head}.weight", (fine_tuning_head, "kernel"), transposed()
+        yield f"{fine_tuning_head}.bias", (fine_tuning_head, "bias"), same()
 
 
 def _layout(names) -> tuple[str, bool, str | None, bool]:

@@ -125,7 +125,11 @@ def params_from_hf(tensors: dict[str, Tensor], cfg: GPTConfig) -> Params:
 
 
 def params_to_hf(params: Params, cfg: GPTConfig) -> dict[str, Tensor]:
-    """The LM-head model's tensors (lm_head.weight included, as the tied copy)."""
+    """The LM-head model's tensors (lm_head.weight included, as the tied copy); our
+    parameters in either layer layout."""
+    from t5x_like.checkpoints import scan_layout
+
+    params = scan_layout.unstack_layers(params)
     words, positions, final = _LAYOUTS[_family(cfg)]
     hidden = cfg.hidden_size
     out = {f"{words}.weight": params["token_embeddings"]["embedding"],

@@ -72,70 +72,78 @@ def config_from_hf(hf_config: dict[str, Any]) -> T5Config:
 
 
 # ------------------------------------------------------------------------------ name map
-def _linear_in(shape_out: tuple[int, ...]) -> Callable[[Tensor], Tensor]:
-    """torch Linear weight [out, in] -> our kernel [in, *out_shape]."""
-    return lambda w: w.T.reshape(-1, *shape_out)
+# Each parameter's transform is a pair (HF -> ours, ours -> HF), so one table serves import
+# and export (hf_bert uses the same pairs).
+Transform = Callable[[Tensor], Tensor]
+TransformPair = tuple[Transform, Transform]
 
 
-def _linear_out(shape_in: tuple[int, ...]) -> Callable[[Tensor], Tensor]:
-    """torch Linear weight [out, in] -> our kernel [*in_shape, out]."""
-    return lambda w: w.T.reshape(*shape_in, -1)
+def same() -> TransformPair:
+    return (lambda w: w), (lambda w: w)
 
 
-def _identity(w: Tensor) -> Tensor:
-    return w
+def transposed() -> TransformPair:
+    """torch Linear weight [out, in] <-> our kernel [in, out]."""
+    return (lambda w: w.T), (lambda w: w.T)
 
 
-def _transpose(w: Tensor) -> Tensor:
-    return w.T
+def to_heads(heads: tuple[int, int]) -> TransformPair:
+    """torch Linear weight [out=heads*d_head, in] <-> our kernel [in, heads, d_head]."""
+    return (lambda w: w.T.reshape(-1, *heads)), (lambda k: k.reshape(k.shape[0], -1).T)
 
 
-def name_map(cfg: T5Config) -> Iterator[tuple[str, tuple[str, ...], Callable[[Tensor], Tensor]]]:
-    """(HF tensor name, our parameter path, HF->ours transform) for every parameter."""
+def from_heads(heads: tuple[int, int]) -> TransformPair:
+    """torch Linear weight [out, in=heads*d_head] <-> our kernel [heads, d_head, out]."""
+    return (lambda w: w.T.reshape(*heads, -1)), (lambda k: k.reshape(-1, k.shape[-1]).T)
+
+
+def name_map(cfg: T5Config) -> Iterator[tuple[str, tuple[str, ...], TransformPair]]:
+    """(HF tensor name, our parameter path, transform pair) for every parameter, our layers
+    in the per-layer layout."""
     heads = (cfg.num_heads, cfg.head_dim)
-    yield "shared.weight", ("token_embedder", "embedding"), _identity
+    yield "shared.weight", ("token_embedder", "embedding"), same()
 
     def attention(hf_prefix: str, ours: tuple[str, ...]):
         for hf, name in (("q", "query"), ("k", "key"), ("v", "value")):
-            yield f"{hf_prefix}.{hf}.weight", (*ours, name, "kernel"), _linear_in(heads)
-        yield f"{hf_prefix}.o.weight", (*ours, "out", "kernel"), _linear_out(heads)
+            yield f"{hf_prefix}.{hf}.weight", (*ours, name, "kernel"), to_heads(heads)
+        yield f"{hf_prefix}.o.weight", (*ours, "out", "kernel"), from_heads(heads)
 
     def mlp(hf_prefix: str, ours: tuple[str, ...]):
         names = ["wi"] if len(cfg.mlp_activations) == 1 else [
             f"wi_{i}" for i in range(len(cfg.mlp_activations))]
         for name in names:
-            yield f"{hf_prefix}.{name}.weight", (*ours, "mlp", name, "kernel"), _transpose
-        yield f"{hf_prefix}.wo.weight", (*ours, "mlp", "wo", "kernel"), _transpose
+            yield f"{hf_prefix}.{name}.weight", (*ours, "mlp", name, "kernel"), transposed()
+        yield f"{hf_prefix}.wo.weight", (*ours, "mlp", "wo", "kernel"), transposed()
 
     for stack, n_layers in (("encoder", cfg.num_encoder_layers),
                             ("decoder", cfg.num_decoder_layers)):
         yield (f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
-               (stack, "relpos_bias", "rel_embedding"), _transpose)
+               (stack, "relpos_bias", "rel_embedding"), transposed())
         for i in range(n_layers):
             hf = f"{stack}.block.{i}.layer"
             ours = (stack, f"layers_{i}")
             if stack == "encoder":
                 yield from attention(f"{hf}.0.SelfAttention", (*ours, "attention"))
                 yield (f"{hf}.0.layer_norm.weight", (*ours, "pre_attention_layer_norm", "scale"),
-                       _identity)
+                       same())
                 yield from mlp(f"{hf}.1.DenseReluDense", ours)
                 yield (f"{hf}.1.layer_norm.weight", (*ours, "pre_mlp_layer_norm", "scale"),
-                       _identity)
+                       same())
             else:
                 yield from attention(f"{hf}.0.SelfAttention", (*ours, "self_attention"))
                 yield (f"{hf}.0.layer_norm.weight",
-                       (*ours, "pre_self_attention_layer_norm", "scale"), _identity)
+                       (*ours, "pre_self_attention_layer_norm", "scale"), same())
                 yield from attention(f"{hf}.1.EncDecAttention",
                                      (*ours, "encoder_decoder_attention"))
                 yield (f"{hf}.1.layer_norm.weight",
-                       (*ours, "pre_cross_attention_layer_norm", "scale"), _identity)
+                       (*ours, "pre_cross_attention_layer_norm", "scale"), same())
                 yield from mlp(f"{hf}.2.DenseReluDense", ours)
                 yield (f"{hf}.2.layer_norm.weight", (*ours, "pre_mlp_layer_norm", "scale"),
-                       _identity)
+                       same())
         norm = "encoder_norm" if stack == "encoder" else "decoder_norm"
-        yield f"{stack}.final_layer_norm.weight", (stack, norm, "scale"), _identity
+        yield f"{stack}.final_layer_norm.weight", (stack, norm, "scale"), same()
     if not cfg.logits_via_embedding:
-        yield "lm_head.weight", ("decoder", "logits_dense", "kernel"), _transpose
+        yield "lm_head.weight", ("decoder", "logits_dense", "kernel"), transposed()
 
 
 # Copies of `shared.weight` that some writers store; accepted only when equal to it.
@@ -204,11 +212,11 @@ def params_from_hf(tensors: dict[str, Tensor], cfg: T5Config) -> Params:
 
     params: Params = {}
     missing = []
-    for hf_name, path, transform in name_map(cfg):
+    for hf_name, path, (to_ours, _) in name_map(cfg):
         if hf_name not in tensors:
             missing.append(hf_name)
             continue
-        value = transform(tensors.pop(hf_name))
+        value = to_ours(tensors.pop(hf_name))
         node = params
         for key in path[:-1]:
             node = node.setdefault(key, {})
@@ -248,3 +256,56 @@ def load_hf_checkpoint(checkpoint_dir: str) -> tuple[T5Config, Params]:
     expected = unbox(EncoderDecoderModel(cfg).abstract_params())
     check_shapes(params, expected, cfg)
     return cfg, params
+
+
+# ------------------------------------------------------------------------------ export
+def hf_config(cfg: T5Config) -> dict[str, Any]:
+    """config.json for transformers' T5ForConditionalGeneration (the inverse of
+    `config_from_hf`), written so that both transformers 4.x and 5.x read the output layer the
+    way the model uses it."""
+    proj = {v: k for k, v in _ACTIVATIONS.items() if k != "gated-gelu_new"}
+    if cfg.mlp_activations not in proj:
+        raise CheckpointError(f"transformers' T5 has no feed-forward layer for activations "
+                              f"{cfg.mlp_activations}; supported: {sorted(proj)}.")
+    if cfg.shared_encoder_decoder:
+        raise CheckpointError("transformers' T5 has no shared encoder-decoder; this checkpoint "
+                              "stays in this codebase's format.")
+    return {
+        "architectures": ["T5ForConditionalGeneration"], "model_type": "t5",
+        "vocab_size": cfg.vocab_size, "d_model": cfg.emb_dim, "num_heads": cfg.num_heads,
+        "d_kv": cfg.head_dim, "d_ff": cfg.mlp_dim, "num_layers": cfg.num_encoder_layers,
+        "num_decoder_layers": cfg.num_decoder_layers,
+        "feed_forward_proj": proj[cfg.mlp_activations], "dropout_rate": cfg.dropout_rate,
+        "relative_attention_num_buckets": cfg.relative_attention_num_buckets,
+        "relative_attention_max_distance": cfg.relative_attention_max_distance,
+        "layer_norm_epsilon": cfg.layer_norm_epsilon,
+        "tie_word_embeddings": cfg.logits_via_embedding,
+        "scale_decoder_outputs": cfg.logits_via_embedding,
+        "is_encoder_decoder": True, "pad_token_id": 0, "eos_token_id": 1,
+        "decoder_start_token_id": 0,
+    }
+
+
+def params_to_hf(params: Params, cfg: T5Config) -> dict[str, Tensor]:
+    """HF tensors from our parameters (either layer layout)."""
+    from t5x_like.checkpoints import scan_layout
+
+    params = scan_layout.unstack_layers(params)
+    out = {}
+    for hf_name, path, (_, to_hf) in name_map(cfg):
+        node = params
+        for key in path:
+            node = node[key]
+        out[hf_name] = np.ascontiguousarray(to_hf(np.asarray(node, np.float32)))
+    return out
+
+
+def save_hf_checkpoint(directory: str, params: Params, cfg: T5Config) -> None:
+    """config.json + model.safetensors that transformers loads as T5ForConditionalGeneration."""
+    from safetensors.numpy import save_file
+
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(hf_config(cfg), f, indent=2)
+    save_file(params_to_hf(params, cfg), os.path.join(directory, "model.safetensors"),
+              metadata={"format": "pt"})

@@ -121,6 +121,26 @@ def load_pretrained(path: str, config: Any, abstract_params: Params,
         raise ConfigError(f"No checkpoint in {directory}: give a run's MODEL_DIR or a "
                           "checkpoint directory (python -m t5x_like.convert writes one).") from e
     check_compatible(saved, config, directory)
+    saved_scanned = getattr(saved, "scan_layers", False)
+    if saved_scanned == getattr(config, "scan_layers", False):
+        return _restore_pretrained(directory, step, abstract_params, fresh_params)
+    # Another layer layout: restore in the checkpoint's, then restack for this model.
+    import jax
+
+    from t5x_like.checkpoints import scan_layout
+
+    as_saved = scan_layout.to_layout(abstract_params, saved_scanned)
+    fresh_as_saved = (None if fresh_params is None else
+                      lambda: scan_layout.to_layout(fresh_params(), saved_scanned))
+    params = _restore_pretrained(directory, step, as_saved, fresh_as_saved)
+    params = scan_layout.to_layout(params, not saved_scanned)
+    print(f"From {directory}: converted the {'scanned' if saved_scanned else 'per-layer'} "
+          f"layers to the {'per-layer' if saved_scanned else 'scanned'} layout.", flush=True)
+    return jax.device_put(params, jax.tree_util.tree_map(lambda a: a.sharding, abstract_params))
+
+
+def _restore_pretrained(directory: str, step: int | None, abstract_params: Params,
+                        fresh_params: Callable[[], Params] | None) -> Params:
     saved_tree = _saved_structure(directory, step)
     if set(saved_tree) == set(abstract_params) or fresh_params is None:
         return restore_params(directory, abstract_params, step)

@@ -65,6 +65,9 @@ class GPTConfig(layers.FamilyConfig):
     num_special_tokens: int = 0
     remat_policy: str = "none"  # layers.REMAT_POLICIES: activation memory vs recomputation
     attention_implementation: str = "xla"  # layers.ATTENTION_IMPLEMENTATIONS
+    # One nn.scan over the blocks (compile time flat in depth); parameters under `layers`
+    # with a leading layer axis instead of `layers_0..N-1` (checkpoints.scan_layout).
+    scan_layers: bool = False
 
     ARCHITECTURE_FIELDS = ("vocab_size", "max_position_embeddings", "hidden_size",
                            "num_layers", "num_heads", "intermediate_size", "pre_layer_norm",
@@ -189,8 +192,12 @@ class DecoderOnly(nn.Module):
                 bidirectional=cfg.relative_attention_bidirectional, dtype=dtype,
                 name="relpos_bias")
         self.dropout = nn.Dropout(cfg.dropout_rate)
-        block = layers.remat(DecoderBlock, cfg.remat_policy, static_argnums=(3, 4))
-        self.blocks = [block(cfg, name=f"layers_{i}") for i in range(cfg.num_layers)]
+        if cfg.scan_layers:
+            self.blocks = layers.scanned_stack(DecoderBlock, cfg.num_layers, cfg.remat_policy,
+                                               (3, 4), num_args=4)(cfg, name=layers.SCANNED_STACK)
+        else:
+            block = layers.remat(DecoderBlock, cfg.remat_policy, static_argnums=(3, 4))
+            self.blocks = [block(cfg, name=f"layers_{i}") for i in range(cfg.num_layers)]
         self.final_norm = _norm(cfg, "final_norm") if cfg.pre_layer_norm else None
         if not cfg.tie_embeddings:
             self.logits_dense = layers.Dense(
@@ -220,8 +227,11 @@ class DecoderOnly(nn.Module):
         x = self.dropout(x, deterministic=deterministic)
         if mask is None and not decode:
             mask = decoder_mask(tokens, segment_ids, causal_attention)
-        for block in self.blocks:
-            x = block(x, mask, deterministic, decode, bias)
+        if cfg.scan_layers:
+            x, _ = self.blocks(x, mask, deterministic, decode, bias)
+        else:
+            for block in self.blocks:
+                x = block(x, mask, deterministic, decode, bias)
         return x if self.final_norm is None else self.final_norm(x)
 
     def logits_from_hidden(self, hidden: Array) -> Array:

@@ -125,6 +125,35 @@ def remat(layer: type[nn.Module], policy: str, static_argnums: tuple[int, ...]
     return nn.remat(layer, policy=REMAT_POLICIES[policy], static_argnums=static_argnums)
 
 
+# The module name of a scanned stack: its parameters (and cache) carry a leading layer axis,
+# tagged with this logical axis name, where an unscanned stack has `layers_0`, `layers_1`, ...
+SCANNED_STACK = "layers"
+
+
+def scanned_stack(layer: type[nn.Module], num_layers: int, remat_policy: str,
+                  static_argnums: tuple[int, ...], num_args: int) -> type[nn.Module]:
+    """`layer` repeated `num_layers` times as one `nn.scan`: traced and compiled once whatever
+    the depth, so compile time stays flat as layers are added.
+
+    `layer` is called `(x, *args)` with `num_args` further arguments, the same for every
+    layer (masks, the relative bias, flags); each layer's output is the next one's `x`.
+    Parameters and any key/value cache are stacked on a leading axis (logical name 'layers',
+    never sharded); `checkpoints.scan_layout` converts them to and from the per-layer layout.
+    Rematerialisation (`remat_policy`, `static_argnums` as for `remat`) applies per layer.
+    """
+
+    class Step(layer):
+        def __call__(self, x, *args):  # the (carry, output) form nn.scan expects
+            return super().__call__(x, *args), None
+
+    Step.__name__ = Step.__qualname__ = f"Scanned{layer.__name__}"
+    return nn.scan(remat(Step, remat_policy, static_argnums),
+                   variable_axes={"params": 0, "cache": 0},
+                   split_rngs={"params": True, "dropout": True},
+                   in_axes=(nn.broadcast,) * num_args, length=num_layers,
+                   metadata_params={nn.PARTITION_NAME: SCANNED_STACK})
+
+
 class FamilyConfig:
     """A model config's checkpoint JSON: its fields plus `FAMILY`, so a checkpoint says which
     model it belongs to (`params_io.config_from_json` reads it back)."""

@@ -41,7 +41,9 @@ class T5Config:
     its own relative-position table and final norm. The "L/2 + L/2" row is plain layer counts.
 
     `remat_policy` (`layers.REMAT_POLICIES`) trades compute for activation memory per layer;
-    it changes neither parameters nor results.
+    it changes neither parameters nor results. `scan_layers` runs each stack as one `nn.scan`
+    (compile time flat in depth); its parameters are stacked under `layers` instead of
+    `layers_0..N-1` (`checkpoints.scan_layout` converts either way).
     """
 
     vocab_size: int = 32128
@@ -62,6 +64,7 @@ class T5Config:
     shared_encoder_decoder: bool = False
     remat_policy: str = "none"
     attention_implementation: str = "xla"  # layers.ATTENTION_IMPLEMENTATIONS
+    scan_layers: bool = False
 
     def __post_init__(self) -> None:
         # Gin hands lists; keep the config hashable so it can be a static jit argument.
@@ -72,6 +75,9 @@ class T5Config:
             raise ValueError("remat_policy needs shared_encoder_decoder=False: a shared layer "
                              "runs the decoder's cross-attention inside it, which a "
                              "rematerialised layer cannot call.")
+        if self.shared_encoder_decoder and self.scan_layers:
+            raise ValueError("scan_layers needs shared_encoder_decoder=False: the decoder of a "
+                             "shared model calls the encoder's layers one by one.")
 
     @property
     def jnp_dtype(self) -> jnp.dtype:
@@ -183,8 +189,12 @@ class Encoder(nn.Module):
     def setup(self) -> None:
         cfg = self.cfg
         self.relpos_bias = _relpos(cfg, bidirectional=True, name=None)
-        layer = layers.remat(EncoderLayer, cfg.remat_policy, static_argnums=(4, 5, 6))
-        self.layers = [layer(cfg) for _ in range(cfg.num_encoder_layers)]
+        if cfg.scan_layers:
+            self.layers = layers.scanned_stack(EncoderLayer, cfg.num_encoder_layers,
+                                               cfg.remat_policy, (4, 5, 6), num_args=5)(cfg)
+        else:
+            layer = layers.remat(EncoderLayer, cfg.remat_policy, static_argnums=(4, 5, 6))
+            self.layers = [layer(cfg) for _ in range(cfg.num_encoder_layers)]
         self.encoder_norm = _norm(cfg, None)
         self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
 
@@ -192,8 +202,11 @@ class Encoder(nn.Module):
         x = _constrain(self.dropout(self.shared_embedding(tokens), deterministic=deterministic))
         length = tokens.shape[-1]
         bias = self.relpos_bias(length, length)
-        for layer in self.layers:
-            x = _constrain(layer(x, mask, bias, deterministic, False, None))
+        if self.cfg.scan_layers:
+            x, _ = self.layers(x, mask, bias, deterministic, False, None)
+        else:
+            for layer in self.layers:
+                x = _constrain(layer(x, mask, bias, deterministic, False, None))
         x = self.encoder_norm(x)
         return _constrain(self.dropout(x, deterministic=deterministic))
 
@@ -221,11 +234,17 @@ class Decoder(nn.Module):
                                deterministic=deterministic))
         length = max_decode_length if decode and max_decode_length else x.shape[-2]
         bias = _relpos(cfg, bidirectional=False)(length, length)
-        decoder_layer = layers.remat(DecoderLayer, cfg.remat_policy, static_argnums=(6, 7))
-        for i in range(cfg.num_decoder_layers):
-            layer = (decoder_layer(cfg, name=f"layers_{i}") if self.encoder is None else
-                     SharedDecoderLayer(cfg, self.encoder.layers[i], name=f"layers_{i}"))
-            x = _constrain(layer(x, encoded, self_mask, cross_mask, bias, deterministic, decode))
+        if cfg.scan_layers:
+            stack = layers.scanned_stack(DecoderLayer, cfg.num_decoder_layers, cfg.remat_policy,
+                                         (6, 7), num_args=6)(cfg, name=layers.SCANNED_STACK)
+            x, _ = stack(x, encoded, self_mask, cross_mask, bias, deterministic, decode)
+        else:
+            decoder_layer = layers.remat(DecoderLayer, cfg.remat_policy, static_argnums=(6, 7))
+            for i in range(cfg.num_decoder_layers):
+                layer = (decoder_layer(cfg, name=f"layers_{i}") if self.encoder is None else
+                         SharedDecoderLayer(cfg, self.encoder.layers[i], name=f"layers_{i}"))
+                x = _constrain(layer(x, encoded, self_mask, cross_mask, bias, deterministic,
+                                     decode))
         x = _norm(cfg, "decoder_norm")(x)
         x = dropout(x, deterministic=deterministic)
         return x if return_hidden else self.logits_from_hidden(x)
