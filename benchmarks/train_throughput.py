@@ -1,11 +1,15 @@
-"""Train-step throughput of T5: compile time, step time, tokens/s, MFU and memory.
+"""Train-step throughput: compile time, step time, tokens/s, MFU and memory, per model family.
 
-    python -m benchmarks.train_throughput [--batch 8] [--inputs 512] [--targets 128]
+    python -m benchmarks.train_throughput [--family t5|decoder_only|bert]
+        [--batch 8] [--inputs 512] [--targets 128]
         [--dtype float32|bfloat16] [--gin_file gin_configs/models/t5_1_1/base.gin] [--steps 10]
-        [--loss_chunk_length 32] [--remat_policy full] [--compare-hf]
+        [--loss_chunk_length 32] [--remat_policy full] [--scan_layers] [--num_layers 12]
+        [--compare-hf]
 
-The default model is the standard benchmark config: T5.1.1-style (gated-GELU, untied output),
-emb_dim 256, 4+4 layers, 4 heads of 64, mlp_dim 1024, vocab 32128, dropout 0, float32.
+The default model is the family's standard benchmark config (`benchmarks.families`); for T5:
+T5.1.1-style (gated-GELU, untied output), emb_dim 256, 4+4 layers, 4 heads of 64, mlp_dim
+1024, vocab 32128, dropout 0, float32. The decoder-only model reads inputs+targets tokens per
+row; BERT reads `inputs` tokens with `targets` masked predictions.
 One step = the trainer's jitted, sharded step: forward, backward and an optax Adafactor update
 (T5's settings). `--mesh_shape` / `--layout` choose the partitioning; memory is per device.
 
@@ -13,14 +17,17 @@ MFU = (model FLOPs per step / step time) / peak FLOP/s. Model FLOPs are the hand
 `t5x_like.flops` (matmuls incl. attention scores and the vocabulary projection, x3 for
 training; embedding lookups are not FLOPs), the same for every compilation of the step; XLA's
 own count is printed beside it (it counts a loop body once, so a chunked loss or scanned layers
-look cheaper to it). The peak is measured here, as the best rate of a large square
-matmul in the same dtype on the same device, so the number means "fraction of what this machine
-can do in a matmul" on CPUs too, where no datasheet peak applies.
+look cheaper to it). On accelerators the peak is the chip's datasheet dense bf16 rate
+(`t5x_like.hardware`) times the devices; on CPUs, where no datasheet peak applies, it is
+measured here as the best rate of a 2048² matmul in the same dtype, so the number means
+"fraction of what this machine can do in a matmul"; also on an accelerator missing from the
+table.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -32,37 +39,23 @@ import time
 from typing import Any
 
 import jax
-import numpy as np
 
 from benchmarks import hf_t5_step
+from benchmarks.families import FAMILIES
 from t5x_like import flops, hardware, optimizers, partitioning, trainer
 from t5x_like.config import load_model_config
-from t5x_like.models.encoder_decoder import EncoderDecoderModel
 from t5x_like.models.t5 import T5Config, count_params
 
-BENCHMARK_CONFIG = T5Config(
-    vocab_size=32128, emb_dim=256, num_heads=4, head_dim=64, mlp_dim=1024,
-    num_encoder_layers=4, num_decoder_layers=4, mlp_activations=("gelu", "linear"),
-    dropout_rate=0.0, logits_via_embedding=False)
+BENCHMARK_CONFIG = FAMILIES["t5"].benchmark_config
 
 
-def make_batch(cfg: T5Config, batch: int, inputs: int, targets: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(0)
-    tgt = rng.integers(2, cfg.vocab_size, (batch, targets)).astype(np.int32)
-    return {
-        "encoder_input_tokens": rng.integers(2, cfg.vocab_size, (batch, inputs)).astype(np.int32),
-        "decoder_target_tokens": tgt,
-        "decoder_input_tokens": np.concatenate(
-            [np.zeros((batch, 1), np.int32), tgt[:, :-1]], axis=1),
-        "decoder_loss_weights": np.ones((batch, targets), np.float32),
-    }
-
-
-def run(cfg: T5Config, batch: int, inputs: int, targets: int, steps: int,
+def run(cfg: Any, batch: int, inputs: int, targets: int, steps: int,
         mesh_shape: tuple[int, int] | None = None, layout_name: str = "auto",
         loss_chunk_length: int | None = None) -> dict[str, Any]:
-    """Time the trainer's own sharded step (the one `t5x_like.train` runs) on the given mesh."""
-    model = EncoderDecoderModel(cfg, loss_chunk_length=loss_chunk_length)
+    """Time the trainer's own sharded step (the one `t5x_like.train` runs) on the given mesh,
+    for the family `cfg` belongs to."""
+    family = next(f for f in FAMILIES.values() if isinstance(cfg, f.config_class))
+    model = family.make_model(cfg, loss_chunk_length)
     lr = optimizers.inverse_sqrt_schedule()
     optimizer = optimizers.t5_adafactor(lr)
     mesh = partitioning.make_mesh(mesh_shape=mesh_shape or (jax.device_count(), 1))
@@ -71,7 +64,8 @@ def run(cfg: T5Config, batch: int, inputs: int, targets: int, steps: int,
     partitioning.check_batch_size(batch, mesh, rules=rules)
     layout = trainer.make_layout(model, optimizer, mesh, rules)
     state = trainer.init_state(model, optimizer, jax.random.key(0), layout)
-    data = partitioning.global_batch(make_batch(cfg, batch, inputs, targets), mesh, rules)
+    data = partitioning.global_batch(family.make_batch(cfg, batch, inputs, targets), mesh,
+                                     rules)
     step_fn = trainer.make_train_step(model, optimizer, lr, layout)
     rng = jax.random.key(1)
 
@@ -95,21 +89,27 @@ def run(cfg: T5Config, batch: int, inputs: int, targets: int, steps: int,
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     xla_flops = float(cost.get("flops", 0.0)) if cost else 0.0
-    model_flops = flops.train_step_flops(cfg, {"inputs": inputs, "targets": targets}, batch)
+    model_flops = flops.train_step_flops(cfg, family.feature_lengths(inputs, targets), batch)
     memory = compiled.memory_analysis()
     xla_bytes = None
     if memory is not None:
         xla_bytes = int(memory.temp_size_in_bytes + memory.argument_size_in_bytes
                         + memory.output_size_in_bytes - memory.alias_size_in_bytes)
     device_stats = jax.devices()[0].memory_stats() or {}
-    peak_flops = hardware.measure_matmul_flops(cfg.dtype, size=2048)
-    if jax.devices()[0].platform != "cpu":  # one chip's peak; simulated CPU devices share one
+    peak_flops, peak_source = hardware.measure_matmul_flops(cfg.dtype, size=2048), "measured"
+    if jax.devices()[0].platform != "cpu":  # the datasheet peak of every chip
+        datasheet = hardware.device_peak_flops(jax.devices()[0].device_kind)
+        if datasheet is not None:
+            peak_flops, peak_source = datasheet, "datasheet bf16"
         peak_flops *= jax.device_count()
-    tokens = batch * (inputs + targets)
+    tokens = batch * family.tokens_per_example(inputs, targets)
     return {
+        "family": getattr(cfg, "FAMILY", "t5"),
         "params": count_params(params),
         "batch": batch, "inputs": inputs, "targets": targets, "dtype": cfg.dtype,
-        "loss_chunk_length": loss_chunk_length, "remat_policy": cfg.remat_policy,
+        "loss_chunk_length": loss_chunk_length,
+        "remat_policy": getattr(cfg, "remat_policy", "none"),
+        "scan_layers": getattr(cfg, "scan_layers", False),
         "compile_s": compile_s,
         "step_s_median": step_s,
         "tokens_per_s": tokens / step_s,
@@ -117,6 +117,7 @@ def run(cfg: T5Config, batch: int, inputs: int, targets: int, steps: int,
         "xla_flops_per_step": xla_flops,
         "achieved_flops_per_s": model_flops / step_s,
         "peak_matmul_flops_per_s": peak_flops,
+        "peak_source": peak_source,
         "mfu": model_flops / step_s / peak_flops,
         "xla_step_bytes": xla_bytes,
         "device_peak_bytes": device_stats.get("peak_bytes_in_use"),
@@ -149,7 +150,8 @@ def print_table(result: dict[str, Any]) -> None:
         ("tokens/s", f"{result['tokens_per_s']:,.0f}"),
         ("model FLOPs per step", f"{result['flops_per_step']:.3e} (hand count; XLA's "
                                  f"{result['xla_flops_per_step']:.3e})"),
-        ("measured matmul peak (all devices)", f"{result['peak_matmul_flops_per_s'] / 1e9:,.1f} GFLOP/s"),
+        (f"peak ({result['peak_source']}, all devices)",
+         f"{result['peak_matmul_flops_per_s'] / 1e9:,.1f} GFLOP/s"),
         ("MFU", f"{100 * result['mfu']:.1f} %"),
         ("XLA step memory", _fmt_bytes(result["xla_step_bytes"])),
         ("device peak memory", _fmt_bytes(result["device_peak_bytes"])),
@@ -195,8 +197,31 @@ def print_hf_comparison(result: dict[str, Any]) -> None:
           f"{result['tokens_per_s'] / hf['tokens_per_s']:.2f}x")
 
 
+def model_config(args: argparse.Namespace) -> Any:
+    """The family's benchmark config, or gin files/bindings (then the family's config class),
+    with the command line's dtype, remat, scan and depth applied."""
+    family = FAMILIES[args.family]
+    if args.gin_file or args.bindings:
+        cfg = load_model_config(args.gin_file, args.bindings, family.config_class)
+    else:
+        cfg = family.benchmark_config
+    changes = {"dtype": args.dtype}
+    for name in ("remat_policy", "scan_layers"):
+        value = getattr(args, name)
+        if value != {"remat_policy": "none", "scan_layers": False}[name]:
+            if not hasattr(cfg, name):
+                raise SystemExit(f"--{name}: {type(cfg).__name__} has no {name}.")
+            changes[name] = value
+    if args.num_layers:
+        depth = (("num_encoder_layers", "num_decoder_layers") if isinstance(cfg, T5Config)
+                 else ("num_layers",))
+        changes.update({name: args.num_layers for name in depth})
+    return dataclasses.replace(cfg, **changes)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--family", default="t5", choices=sorted(FAMILIES))
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--inputs", type=int, default=512)
     parser.add_argument("--targets", type=int, default=128)
@@ -210,6 +235,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="none | full | dots | dots_no_batch | save_qkv_proj")
     parser.add_argument("--loss_chunk_length", type=int, default=None,
                         help="chunked cross-entropy, this many target positions at a time")
+    parser.add_argument("--scan_layers", action="store_true",
+                        help="each stack as one nn.scan (compile time flat in depth)")
+    parser.add_argument("--num_layers", type=int, default=None,
+                        help="encoder and decoder depth (default: the config's)")
     parser.add_argument("--mesh_shape", default=None, help="data,model (default: all on data)")
     parser.add_argument("--layout", default="auto",
                         help="data_parallel | model_parallel | fsdp | auto")
@@ -219,17 +248,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", default="benchmarks/results/train_throughput.json")
     args = parser.parse_args(argv)
 
-    if args.gin_file or args.bindings:
-        cfg = load_model_config(args.gin_file, args.bindings)
-    else:
-        cfg = BENCHMARK_CONFIG
-    cfg = T5Config(**{**cfg.__dict__, "dtype": args.dtype, "remat_policy": args.remat_policy})
+    cfg = model_config(args)
     mesh_shape = tuple(int(x) for x in args.mesh_shape.split(",")) if args.mesh_shape else None
     result = run(cfg, args.batch, args.inputs, args.targets, args.steps, mesh_shape,
                  args.layout, args.loss_chunk_length)
-    result["config"] = {**cfg.__dict__, "mlp_activations": list(cfg.mlp_activations)}
+    result["config"] = cfg.to_json()
     print_table(result)
     if args.compare_hf:
+        if not isinstance(cfg, T5Config):
+            parser.error("--compare-hf times HuggingFace's T5; use it with --family t5.")
         result["hf"] = time_hf_reference(result, args.steps)
         print_hf_comparison(result)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from benchmarks import train_throughput
@@ -37,3 +38,92 @@ def test_huggingface_reference_column(tmp_path, capsys):
     assert hf["params"] == result["params"]
     assert hf["tokens_per_s"] > 0 and hf["host_max_rss_bytes"] > 0 and 0 < hf["mfu"] < 1.5
     assert "speed ratio (t5x_like / HF tokens/s)" in capsys.readouterr().out
+
+
+TINY_GPT = ["--family", "decoder_only", "--gin", "GPTConfig.vocab_size=256",
+            "--gin", "GPTConfig.hidden_size=32", "--gin", "GPTConfig.num_heads=2",
+            "--gin", "GPTConfig.intermediate_size=64", "--gin", "GPTConfig.num_layers=2",
+            "--gin", "GPTConfig.max_position_embeddings=64", "--gin", "GPTConfig.dropout_rate=0.0",
+            "--gin", "GPTConfig.attention_dropout_rate=0.0",
+            "--batch", "8", "--inputs", "16", "--targets", "16", "--steps", "1"]
+TINY_BERT = ["--family", "bert", "--gin", "BertConfig.vocab_size=256",
+             "--gin", "BertConfig.hidden_size=32", "--gin", "BertConfig.num_heads=2",
+             "--gin", "BertConfig.intermediate_size=64", "--gin", "BertConfig.num_layers=2",
+             "--gin", "BertConfig.max_position_embeddings=64",
+             "--gin", "BertConfig.dropout_rate=0.0", "--gin", "BertConfig.attention_dropout_rate=0.0",
+             "--batch", "8", "--inputs", "32", "--targets", "5", "--steps", "1"]
+
+
+@pytest.mark.parametrize("args,tokens,vocab_flops", [
+    # decoder-only: every one of the 8 x 32 positions is projected onto the vocabulary
+    (TINY_GPT, 8 * 32, 6 * 32 * 256 * 8 * 32),
+    # BERT: 32 tokens read per row, only the 5 masked positions reach the vocabulary
+    (TINY_BERT, 8 * 32, 6 * 32 * 256 * 8 * 5)])
+def test_every_family_benchmarks(tmp_path, args, tokens, vocab_flops):
+    result = train_throughput.main(args + ["--out", str(tmp_path / "bench.json")])
+    assert abs(result["tokens_per_s"] * result["step_s_median"] - tokens) < 1e-6
+    assert result["flops_per_step"] >= vocab_flops
+    assert 0 < result["mfu"] < 1.5 and np.isfinite(result["final_loss"])
+
+
+TINY_T5 = TINY[:14]  # the model bindings only
+
+
+def test_decode_benchmark_matches_huggingface_generate(tmp_path):
+    """Same weights in transformers: greedy decoding picks the same tokens, beam search runs;
+    every sequence is decoded to full length on both sides."""
+    pytest.importorskip("transformers")
+    from benchmarks import decode_throughput
+
+    out = tmp_path / "decode.json"
+    rows = decode_throughput.main(TINY_T5 + ["--batch_sizes", "1,3", "--new_tokens", "6",
+                                             "--inputs", "10", "--repeats", "1",
+                                             "--compare-hf", "--out", str(out)])
+    assert [(r["method"], r["batch"]) for r in rows] == [
+        ("greedy", 1), ("beam", 1), ("greedy", 3), ("beam", 3)]
+    for r in rows:
+        assert abs(r["tokens_per_s"] * r["seconds"] - r["batch"] * 6) < 1e-6
+        assert r["hf_tokens_per_s"] > 0
+    assert all(r["same_tokens"] == 1.0 for r in rows if r["method"] == "greedy")
+    assert json.loads(out.read_text())["rows"][0]["method"] == "greedy"
+
+
+def test_input_benchmark_counts_real_tokens(tmp_path):
+    """A packed LM batch is nearly full: real tokens per second / examples per second is the
+    average number of non-padding positions per row, at most the row length."""
+    from benchmarks import input_throughput
+
+    rows = input_throughput.main(["--pipelines", "packed_lm", "--batches", "3",
+                                  "--step_steps", "0", "--out", str(tmp_path / "in.json")])
+    (row,) = rows
+    per_row = row["tokens_per_s"] / row["examples_per_s"]
+    assert 0.5 * 512 < per_row <= 512
+
+
+@pytest.mark.slow  # three pipelines and three benchmark-width train steps
+def test_input_benchmark_compares_with_the_step(tmp_path):
+    from benchmarks import input_throughput
+
+    rows = input_throughput.main(["--batches", "3", "--step_steps", "1",
+                                  "--out", str(tmp_path / "in.json")])
+    assert [r["pipeline"] for r in rows] == ["span_corruption", "bert_masking", "packed_lm"]
+    for r in rows:
+        assert r["headroom"] == pytest.approx(r["examples_per_s"] * r["step_s"] / r["batch"])
+
+
+def test_sequence_length_sweep_keeps_tokens_and_grows_attention_share():
+    import dataclasses
+
+    from benchmarks import sequence_length
+
+    cfg = dataclasses.replace(train_throughput.BENCHMARK_CONFIG, vocab_size=256, emb_dim=32,
+                              num_heads=2, head_dim=16, mlp_dim=64, num_encoder_layers=1,
+                              num_decoder_layers=1)
+    rows = sequence_length.run([16, 64], 512, 1, cfg, None)
+    assert [(r["batch"], r["targets"]) for r in rows] == [(32, 4), (8, 16)]
+    # Scores: 4 * heads*head_dim * (L^2 + (L/4)^2 + L * L/4) per example, x3 for training.
+    inner = 2 * 16
+    want = 3 * 4 * inner * (64 * 64 + 16 * 16 + 16 * 64) * 8
+    assert rows[1]["attention_score_share"] * train_throughput.flops.train_step_flops(
+        cfg, {"inputs": 64, "targets": 16}, 8) == pytest.approx(want)
+    assert rows[1]["attention_score_share"] > rows[0]["attention_score_share"]
