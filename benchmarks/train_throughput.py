@@ -40,7 +40,7 @@ from typing import Any
 
 import jax
 
-from benchmarks import hf_t5_step
+from benchmarks import hf_t5_step, op_profile
 from benchmarks.families import FAMILIES
 from t5x_like import flops, hardware, optimizers, partitioning, trainer
 from t5x_like.config import load_model_config
@@ -51,9 +51,11 @@ BENCHMARK_CONFIG = FAMILIES["t5"].benchmark_config
 
 def run(cfg: Any, batch: int, inputs: int, targets: int, steps: int,
         mesh_shape: tuple[int, int] | None = None, layout_name: str = "auto",
-        loss_chunk_length: int | None = None) -> dict[str, Any]:
+        loss_chunk_length: int | None = None, profile_dir: str | None = None
+        ) -> dict[str, Any]:
     """Time the trainer's own sharded step (the one `t5x_like.train` runs) on the given mesh,
-    for the family `cfg` belongs to."""
+    for the family `cfg` belongs to; with `profile_dir`, also trace two more steps there and
+    summarise their XLA ops (`benchmarks.op_profile`)."""
     family = next(f for f in FAMILIES.values() if isinstance(cfg, f.config_class))
     model = family.make_model(cfg, loss_chunk_length)
     lr = optimizers.inverse_sqrt_schedule()
@@ -84,6 +86,16 @@ def run(cfg: Any, batch: int, inputs: int, targets: int, steps: int,
         times.append(time.perf_counter() - t)
     step_s = statistics.median(times)
     loss = metrics["loss"]
+    op_profile_summary = None
+    if profile_dir:
+        holder = {"state": state}
+
+        def one_step():
+            holder["state"], m = compiled(holder["state"], data, rng)
+            m["loss"].block_until_ready()
+
+        op_profile_summary = op_profile.profile(one_step, profile_dir)
+        state = holder["state"]
     params = state.params
 
     cost = compiled.cost_analysis()
@@ -123,6 +135,7 @@ def run(cfg: Any, batch: int, inputs: int, targets: int, steps: int,
         "device_peak_bytes": device_stats.get("peak_bytes_in_use"),
         "host_max_rss_bytes": hf_t5_step.peak_rss_bytes(),
         "final_loss": float(loss),
+        "op_profile": op_profile_summary,
         "device": str(jax.devices()[0].device_kind),
         "num_devices": jax.device_count(),
         "mesh": dict(mesh.shape),
@@ -245,15 +258,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--compare-hf", dest="compare_hf", action="store_true",
                         help="also time HuggingFace's PyTorch T5 of the same dimensions "
                              "(needs the test extra: torch, transformers)")
+    parser.add_argument("--profile", metavar="DIR", default=None,
+                        help="also trace two steps into DIR and print the time per XLA op")
     parser.add_argument("--out", default="benchmarks/results/train_throughput.json")
     args = parser.parse_args(argv)
 
     cfg = model_config(args)
     mesh_shape = tuple(int(x) for x in args.mesh_shape.split(",")) if args.mesh_shape else None
     result = run(cfg, args.batch, args.inputs, args.targets, args.steps, mesh_shape,
-                 args.layout, args.loss_chunk_length)
+                 args.layout, args.loss_chunk_length, args.profile)
     result["config"] = cfg.to_json()
     print_table(result)
+    if result["op_profile"]:
+        op_profile.print_profile(result["op_profile"])
     if args.compare_hf:
         if not isinstance(cfg, T5Config):
             parser.error("--compare-hf times HuggingFace's T5; use it with --family t5.")

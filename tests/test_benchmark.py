@@ -54,6 +54,7 @@ TINY_BERT = ["--family", "bert", "--gin", "BertConfig.vocab_size=256",
              "--batch", "8", "--inputs", "32", "--targets", "5", "--steps", "1"]
 
 
+@pytest.mark.slow  # two sharded compiles; the T5 family runs in the default suite
 @pytest.mark.parametrize("args,tokens,vocab_flops", [
     # decoder-only: every one of the 8 x 32 positions is projected onto the vocabulary
     (TINY_GPT, 8 * 32, 6 * 32 * 256 * 8 * 32),
@@ -111,6 +112,7 @@ def test_input_benchmark_compares_with_the_step(tmp_path):
         assert r["headroom"] == pytest.approx(r["examples_per_s"] * r["step_s"] / r["batch"])
 
 
+@pytest.mark.slow  # two sharded compiles
 def test_sequence_length_sweep_keeps_tokens_and_grows_attention_share():
     import dataclasses
 

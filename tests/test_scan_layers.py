@@ -95,6 +95,7 @@ def test_scanned_t5_decodes_as_the_per_layer_model(method):
     np.testing.assert_allclose(scores_s, scores, rtol=1e-5)
 
 
+@pytest.mark.slow  # the T5 beam test covers the stacked cache
 def test_scanned_decoder_only_beam_search_matches():
     plain = _model("decoder_only")
     params = _init(plain)
@@ -157,6 +158,7 @@ def test_pretrained_checkpoint_loads_into_the_other_layout(tmp_path, saved_scann
     jax.tree_util.tree_map(np.testing.assert_array_equal, loaded, wanted)
 
 
+@pytest.mark.slow  # init of two models + orbax
 def test_per_layer_language_model_loads_into_a_scanned_classifier(tmp_path):
     """Layout conversion composes with grafting a fresh head and growing the embedding by
     GPT-1's special tokens."""

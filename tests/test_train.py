@@ -57,6 +57,7 @@ def _train_cmd(model_dir, steps, every=5):
             "--gin_file=gin_configs/runs/quickstart.gin"] + [f"--gin.{b}" for b in bindings]
 
 
+@pytest.mark.slow  # two training subprocesses (~150 s); CI runs the slow set
 def test_killed_run_resumes_from_newest_checkpoint(tmp_path):
     model_dir = tmp_path / "run"
     ckpts = model_dir / "checkpoints"
