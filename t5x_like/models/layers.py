@@ -335,7 +335,8 @@ def _add_shared_bias_fwd(logits: Array, bias: Array) -> tuple[Array, Array]:
 def _add_shared_bias_bwd(bias: Array, grad: Array) -> tuple[Array, Array]:
     grad = jax.lax.optimization_barrier(grad)
     axes = tuple(i for i, (g, b) in enumerate(zip(grad.shape, bias.shape)) if b == 1 and g != 1)
-    return grad, jnp.sum(grad, axis=axes, keepdims=True).astype(bias.dtype)
+    bias_grad = jnp.sum(grad, axis=axes, keepdims=True).astype(bias.dtype)
+    return grad, jax.lax.optimization_barrier(bias_grad)
 
 
 add_shared_bias.defvjp(_add_shared_bias_fwd, _add_shared_bias_bwd)
