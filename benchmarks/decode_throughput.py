@@ -19,7 +19,6 @@ only float rounding may flip an argmax).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -29,6 +28,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from benchmarks import results_io
 from benchmarks.train_throughput import BENCHMARK_CONFIG
 from t5x_like import decoding
 from t5x_like.config import load_model_config
@@ -156,10 +156,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     result = {"rows": rows, "config": cfg.to_json(),
               "device": str(jax.devices()[0].device_kind), "jax": jax.__version__,
               "date": time.strftime("%Y-%m-%d %H:%M:%S")}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"wrote {args.out}")
+    results_io.write_json(args.out, result)
     return rows
 
 

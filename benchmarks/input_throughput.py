@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import statistics
 import time
@@ -33,6 +32,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from benchmarks import results_io
 from benchmarks.families import FAMILIES
 from t5x_like import input_pipeline, optimizers, partitioning, trainer
 
@@ -147,11 +147,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--out", default="benchmarks/results/input_throughput.json")
     args = parser.parse_args(argv)
     rows = run(args.pipelines.split(","), args.batch, args.batches, args.step_steps)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"rows": rows, "host_cpus": os.cpu_count(), "jax": jax.__version__,
-                   "date": time.strftime("%Y-%m-%d %H:%M:%S")}, f, indent=2)
-    print(f"wrote {args.out}")
+    results_io.write_json(args.out, {"rows": rows, "host_cpus": os.cpu_count(),
+                                     "jax": jax.__version__,
+                                     "date": time.strftime("%Y-%m-%d %H:%M:%S")})
     return rows
 
 

@@ -17,6 +17,8 @@ import subprocess
 import sys
 import tempfile
 
+from benchmarks import results_io
+
 # (devices, mesh data x model, layout)
 RUNS = [
     (1, (1, 1), "data_parallel"),
@@ -92,10 +94,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"{b['parameters'] / 2**30:>10.2f} {b['optimizer_state'] / 2**30:>8.2f} "
                   f"{b['temporaries'] / 2**30:>8.2f} {b['peak_estimate'] / 2**30:>8.2f}  {fits}",
                   flush=True)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(results, f, indent=2)
-    print(f"wrote {args.out}")
+    results_io.write_json(args.out, results)
 
 
 if __name__ == "__main__":

@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
 import time
 from typing import Any
 
-from benchmarks import train_throughput
+from benchmarks import results_io, train_throughput
 from t5x_like.models.t5 import T5Config
 
 
@@ -70,11 +68,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                               attention_implementation=args.attention_implementation)
     rows = run([int(x) for x in args.lengths.split(",")], args.tokens_per_batch, args.steps,
                cfg, args.loss_chunk_length)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"rows": rows, "config": cfg.to_json(),
-                   "date": time.strftime("%Y-%m-%d %H:%M:%S")}, f, indent=2)
-    print(f"wrote {args.out}")
+    results_io.write_json(args.out, {"rows": rows, "config": cfg.to_json(),
+                                     "date": time.strftime("%Y-%m-%d %H:%M:%S")})
     return rows
 
 

@@ -40,7 +40,7 @@ from typing import Any
 
 import jax
 
-from benchmarks import hf_t5_step, op_profile
+from benchmarks import hf_t5_step, op_profile, results_io
 from benchmarks.families import FAMILIES
 from t5x_like import flops, hardware, optimizers, partitioning, trainer
 from t5x_like.config import load_model_config
@@ -276,10 +276,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             parser.error("--compare-hf times HuggingFace's T5; use it with --family t5.")
         result["hf"] = time_hf_reference(result, args.steps)
         print_hf_comparison(result)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"wrote {args.out}")
+    results_io.write_json(args.out, result)
     return result
 
 
