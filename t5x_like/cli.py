@@ -1,5 +1,6 @@
 """The command line shared by train, eval and infer: gin files, `--gin.KEY=VALUE` bindings,
-and errors a researcher can act on (exit code 2) instead of tracebacks."""
+and errors a researcher can act on (exit code 2; 3 when training stopped on a NaN/Inf)
+instead of tracebacks."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 from typing import Any, Callable, Sequence
 
 from t5x_like import config as config_lib
-from t5x_like import distributed
+from t5x_like import distributed, run_health
 
 
 def parse_args(argv: Sequence[str], description: str) -> tuple[list[str], list[str]]:
@@ -51,4 +52,7 @@ def run(entry: Callable[[], Any], argv: Sequence[str] | None, description: str) 
     except config_lib.ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except run_health.NonFiniteLoss as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
     return 0

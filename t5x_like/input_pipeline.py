@@ -154,21 +154,26 @@ def steps_for_epochs(task_or_mixture: seqio.Task | seqio.Mixture, epochs: float,
 
 def get_dataset(task_name: str, task_feature_lengths: Mapping[str, int], batch_size: int,
                 split: str, shuffle: bool, seed: int | None, num_epochs: int | None,
-                pack: bool = True, model=None) -> tf.data.Dataset:
+                pack: bool = True, model=None,
+                shard_info: seqio.ShardInfo | None = None) -> tf.data.Dataset:
     """Batches of this process's share of the global batch, with the model's features only
-    (T5's unless `model` brings its own feature converter and feature names)."""
+    (T5's unless `model` brings its own feature converter and feature names). With
+    `shard_info`, batches of `batch_size` rows of that shard of the data instead (the
+    training stream's data shards, `t5x_like.train_data`)."""
     resolve_task(task_name)
-    process_count = jax.process_count()
-    if batch_size % process_count:
-        raise ConfigError(f"batch_size={batch_size} is not divisible by the {process_count} "
-                         "processes.")
+    if shard_info is None:
+        process_count = jax.process_count()
+        if batch_size % process_count:
+            raise ConfigError(f"batch_size={batch_size} is not divisible by the {process_count} "
+                              "processes.")
+        shard_info = seqio.ShardInfo(jax.process_index(), process_count)
+        batch_size //= process_count
     ds = seqio.get_dataset(
         task_name, task_feature_lengths=dict(task_feature_lengths),
         feature_converter=(model.feature_converter(pack) if model is not None
                            else seqio.EncDecFeatureConverter(pack=pack)), dataset_split=split,
         shuffle=shuffle, num_epochs=num_epochs, seed=seed,
-        shard_info=seqio.ShardInfo(jax.process_index(), process_count),
-        batch_size=batch_size // process_count)
+        shard_info=shard_info, batch_size=batch_size)
     features = model.FEATURES if model is not None else MODEL_FEATURES
     return ds.map(lambda ex: {k: ex[k] for k in features if k in ex},
                   num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)

@@ -79,3 +79,17 @@ def copy_tree(source: str, destination: str) -> None:
         for name in files:
             tf.io.gfile.copy(os.path.join(directory, name), os.path.join(target, name),
                              overwrite=True)
+
+
+def file_sizes(root: str) -> dict[str, int]:
+    """{path relative to `root`: size in bytes} of every file under `root`."""
+    sizes = {}
+    for directory, _, files in tf.io.gfile.walk(root):
+        for name in files:
+            path = os.path.join(directory, name)
+            sizes[os.path.relpath(path, root)] = tf.io.gfile.stat(path).length
+    return sizes
+
+
+def listdir(path: str) -> list[str]:
+    return tf.io.gfile.listdir(path) if tf.io.gfile.isdir(path) else []

@@ -11,6 +11,7 @@ from the newest checkpoint in MODEL_DIR.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -28,8 +29,8 @@ from tqdm import tqdm
 
 from t5x_like import config as config_lib
 from t5x_like import (cli, classifier_eval, decoding, evaluation, flops, hardware,
-                      input_pipeline, optimizers, partitioning, preemption, storage,
-                      trainer)
+                      input_pipeline, optimizers, partitioning, preemption, run_health,
+                      storage, train_data, trainer)
 from t5x_like.checkpoints import params_io
 from t5x_like.models.base import Model
 from t5x_like.models import t5
@@ -104,6 +105,10 @@ def train(
     train_epochs: float | None = None,
     warmup_proportion: float | None = None,
     profile_steps: str | None = None,
+    data_shards: int | None = None,
+    nonfinite_policy: str = "stop",
+    inject_nonfinite_at_steps: Sequence[int] = (),
+    loss_spike_ratio: float = 1.5,
 ) -> trainer.TrainState:
     """Pretrain or fine-tune, and return the final train state.
 
@@ -112,9 +117,13 @@ def train(
     `init_checkpoint`'s parameters with a fresh optimizer and `learning_rate_schedule=
     'constant'` at 0.001, and every `metrics_eval_every` steps decodes each task's validation
     examples, scores them with the task's metrics (TensorBoard `eval/<task>/<metric>`) and keeps
-    the best parameters per task in MODEL_DIR/best/<task>. Exact data-order resume comes later:
-    a resumed run reseeds the data pipeline with the step, so it sees fresh examples rather than
-    the killed run's next ones.
+    the best parameters per task in MODEL_DIR/best/<task>.
+
+    Nothing is lost when a run dies: the batch of every step is fixed by (task, batch_size,
+    seed, `data_shards`) and the step (`t5x_like.train_data`), the dropout rng by the seed and
+    the step, so rerunning the command resumes from the newest complete checkpoint and
+    reproduces the uninterrupted run bit for bit, on any number of hosts that divides
+    `data_shards` (default: the process count of the first run).
 
     Other families: `model_class` builds the model (`@BertPretrainingModel`,
     `@BertClassifierModel`, ...); `optimizer='adamw'` with `learning_rate_schedule=
@@ -156,6 +165,11 @@ def train(
     abstract = trainer.abstract_state(model, tx, layout)
     checkpointer = trainer.Checkpointer(model_dir, keep_checkpoints)
     start_step = checkpointer.latest_step() or 0
+    for leftover in checkpointer.interrupted_saves:
+        _log(f"Ignoring {leftover} in {checkpointer.directory}: a save that was interrupted "
+             "before it completed (removed now). "
+             + (f"Resuming from step {start_step}, the newest complete checkpoint."
+                if start_step else "There is no complete checkpoint: starting afresh."))
     if start_step:
         _check_resume_config(checkpointer, cfg)
     elif init_checkpoint:
@@ -176,11 +190,24 @@ def train(
     _write_text(os.path.join(model_dir, "partitioning.txt"), report + "\n")
 
     # --- data --------------------------------------------------------------------------
+    record = checkpointer.restore_record(start_step) if start_step else {}
+    saved_order = (train_data.DataOrder(**record["data_order"]) if "data_order" in record
+                   else None)
+    order = train_data.DataOrder(task, batch_size, seed, train_data.resolve_data_shards(
+        data_shards, batch_size, jax.process_count(), saved_order))
+    if saved_order is not None and saved_order != order:
+        _log(f"Note: the interrupted run read {saved_order}; this one reads {order}, so the "
+             "batches from here on differ from the ones it would have seen.")
+
     def train_batches(phase_index: int, step: int) -> Iterator[dict[str, np.ndarray]]:
-        ds = input_pipeline.get_dataset(task, phase_plan[phase_index][1], batch_size, "train",
-                                        shuffle=True, seed=seed + step, num_epochs=None,
-                                        pack=pack, model=model)
-        return ds.as_numpy_iterator()
+        """The phase's stream (seeded by the step the phase starts at), from `step` on."""
+        first = _phase_start(phase_plan, phase_index)
+        if step > first:
+            _log(f"step {step:>7}  input pipeline: skipping the {step - first} batches before "
+                 "this step so the data continues exactly where the run left it")
+        return train_data.host_batches(dataclasses.replace(order, seed=seed + first),
+                                       phase_plan[phase_index][1], start_batch=step - first,
+                                       pack=pack, model=model)
 
     phase = _phase_at(phase_plan, start_step)
     feature_lengths = dict(phase_plan[phase][1])
@@ -202,7 +229,16 @@ def train(
         _log(f"Fine-tuning from the parameters in {init_checkpoint}")
     else:
         state = trainer.init_state(model, tx, rng, layout)
-    train_step = trainer.make_train_step(model, tx, lr_fn, layout, num_microbatches)
+    train_step = trainer.make_train_step(model, tx, lr_fn, layout, num_microbatches,
+                                         nonfinite_policy, tuple(inject_nonfinite_at_steps))
+    spikes = run_health.LossSpikes(loss_spike_ratio)
+    # Non-finite steps skipped before the current log window (the window's are read with it).
+    nonfinite_logged = int(record.get("nonfinite_steps", 0))
+
+    def save(state: trainer.TrainState) -> None:
+        pending = sum(int(m["nonfinite"]) for m in jax.device_get(window))
+        checkpointer.save(state, cfg, {"data_order": order.to_json(),
+                                       "nonfinite_steps": nonfinite_logged + pending})
     eval_step = trainer.make_eval_step(model, layout)
 
     writer = metric_writers.create_default_writer(
@@ -236,6 +272,8 @@ def train(
         with layout.context():
             state, metrics = train_step(state, batch, rng)
         step += 1
+        if nonfinite_policy == "stop" and int(metrics["nonfinite"]):  # one scalar read per step
+            _stop_on_nonfinite(step, jax.device_get(metrics), state, save, checkpointer)
         if profiling and step == profile[1]:
             profiling = False
             jax.block_until_ready(state)
@@ -245,7 +283,12 @@ def train(
         window.append(metrics)
         bar.update(1)
         if step % log_every == 0 or step == train_steps:
-            summary = _mean_metrics(window)
+            per_step = jax.device_get(window)
+            for offset, values in enumerate(per_step):
+                _report_health(step - len(per_step) + 1 + offset, values, spikes, writer)
+            summary = _mean_metrics(per_step)
+            nonfinite_logged += int(summary.pop("nonfinite", 0))
+            summary["nonfinite_steps"] = nonfinite_logged
             elapsed = time.perf_counter() - window_start
             summary["tokens_per_s"] = tokens_per_batch * len(window) / elapsed
             summary["step_time_s"] = elapsed / len(window)
@@ -275,7 +318,7 @@ def train(
             best.update(step, state.params, cfg, task_metrics)
         preempted = watcher.should_stop(step)
         if preempted or step % checkpoint_every == 0 or step == train_steps:
-            checkpointer.save(state, cfg)
+            save(state)
             _log(f"step {step:>7}  checkpoint saved")
         if preempted:
             _log(f"step {step:>7}  stopped by {watcher.signal_name}: rerun the same command to "
@@ -393,9 +436,39 @@ def _profile_window(profile_steps: str | None) -> tuple[int, int] | None:
     return start, end
 
 
-def _mean_metrics(window: Sequence[dict[str, jax.Array]]) -> dict[str, float]:
-    stacked = jax.device_get(window)
-    return {k: float(np.mean([m[k] for m in stacked])) for k in stacked[0]}
+def _mean_metrics(per_step: Sequence[dict[str, np.ndarray]]) -> dict[str, float]:
+    """Means over the window's steps; a skipped (non-finite) step counts only in `nonfinite`."""
+    good = [m for m in per_step if not m.get("nonfinite", 0)] or list(per_step)
+    means = {k: float(np.mean([m[k] for m in good])) for k in per_step[0]}
+    if "nonfinite" in means:
+        means["nonfinite"] = float(np.sum([m["nonfinite"] for m in per_step]))
+    return means
+
+
+def _report_health(step: int, values: Mapping[str, np.ndarray],
+                   spikes: run_health.LossSpikes, writer) -> None:
+    """Log a skipped non-finite step or a loss spike (TensorBoard train/loss_spike too)."""
+    if values.get("nonfinite", 0):
+        _log(f"step {step:>7}  non-finite {run_health.nonfinite_description(values)}: update "
+             "skipped (train.nonfinite_policy='skip')")
+        return
+    spike = spikes.check(step, float(values["loss"]))
+    if spike:
+        _log(spike)
+        writer.write_scalars(step, {"train/loss_spike": float(values["loss"])})
+
+
+def _stop_on_nonfinite(step: int, values: Mapping[str, np.ndarray], state: trainer.TrainState,
+                       save: Callable[[trainer.TrainState], None],
+                       checkpointer: trainer.Checkpointer) -> None:
+    """Policy 'stop': `state` is the last good one (the step kept it); save it unless that
+    step is already saved (or is step 0), then stop with the reason."""
+    good_step = int(state.step)
+    if good_step and good_step not in checkpointer.steps():
+        save(state)
+    checkpointer.close()
+    raise run_health.NonFiniteLoss(run_health.stop_message(
+        step, values, good_step or None, checkpointer.directory))
 
 
 def _format_metrics(summary: Mapping[str, float]) -> str:
@@ -403,7 +476,7 @@ def _format_metrics(summary: Mapping[str, float]) -> str:
     speed = ("learning_rate", "tokens_per_s", "step_time_s", "mfu")
     shown = ("loss", "accuracy", *sorted(k for k in summary if k not in (
         "loss", "accuracy", "grad_norm", "param_norm", "nonpadding_tokens", "masked_tokens",
-        "examples", *speed)), *speed)
+        "examples", "nonfinite_steps", *speed)), *speed)
     formats = {"learning_rate": "{:.2e}", "tokens_per_s": "{:,.0f}", "step_time_s": "{:.3f}",
                "mfu": "{:.1%}"}
     labels = {"tokens_per_s": "tokens/s", "step_time_s": "step_s"}
@@ -428,6 +501,10 @@ def _phase_plan(phases: Sequence[tuple[float, Mapping[str, int]]] | None,
         raise config_lib.ConfigError(f"train.phases: the last phase must end at 1.0, got "
                                      f"{previous}.")
     return plan
+
+
+def _phase_start(plan: Sequence[tuple[int, Mapping[str, int]]], phase: int) -> int:
+    return plan[phase - 1][0] if phase else 0
 
 
 def _phase_at(plan: Sequence[tuple[int, Mapping[str, int]]], step: int) -> int:

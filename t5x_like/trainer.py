@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
+import re
 from typing import Any, Callable, Iterator
 
 import flax.linen as nn
@@ -23,6 +25,7 @@ import orbax.checkpoint as ocp
 from jax.sharding import Mesh
 
 from t5x_like import partitioning, storage
+from t5x_like.config import ConfigError
 from t5x_like.checkpoints import params_io
 from t5x_like.models import base
 from t5x_like.models.base import Model
@@ -125,14 +128,29 @@ def _split_microbatches(batch: Batch, num_microbatches: int) -> Batch:
     return jax.tree_util.tree_map(split, batch)
 
 
+NONFINITE_POLICIES = ("stop", "skip", "none")
+
+
 def make_train_step(model: Model, optimizer: optax.GradientTransformation,
                     learning_rate_fn: optax.Schedule, layout: Layout,
-                    num_microbatches: int = 1) -> Callable[[TrainState, Batch, jax.Array],
-                                                            tuple[TrainState, Metrics]]:
+                    num_microbatches: int = 1, nonfinite_policy: str = "stop",
+                    inject_nonfinite_at_steps: tuple[int, ...] = ()
+                    ) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, Metrics]]:
     """Jitted step with explicit shardings. Gradients of the summed loss are accumulated over
     `num_microbatches` and normalised once by the whole batch's normaliser, so accumulation
     equals the full-batch step. The dropout rng is folded with the step (and micro-batch), so a
-    resumed run draws the same masks."""
+    resumed run draws the same masks.
+
+    Non-finite guard: when the loss or the gradient norm is NaN/Inf the step keeps the old
+    parameters and optimizer state (metric `nonfinite` = 1). Under "skip" the step counter
+    still advances (the batch is dropped and training goes on); under "stop" it does not, so
+    the returned state is the last good one, to be saved before stopping. "none" applies
+    whatever the update is. `inject_nonfinite_at_steps` is a fault hook for tests and drills:
+    the steps (numbered as logged, 1 = the first update) whose gradients and loss become NaN.
+    """
+    if nonfinite_policy not in NONFINITE_POLICIES:
+        raise ConfigError(f"train.nonfinite_policy={nonfinite_policy!r}: choose one of "
+                          f"{', '.join(NONFINITE_POLICIES)}.")
 
     def grads_and_sums(params, batch, rng):
         # Divisors from the whole batch, so each micro-batch's gradient is already its share
@@ -166,13 +184,29 @@ def make_train_step(model: Model, optimizer: optax.GradientTransformation,
     def train_step(state: TrainState, batch: Batch, rng: jax.Array):
         dropout_rng = jax.random.fold_in(rng, state.step)
         grads, sums = grads_and_sums(state.params, batch, dropout_rng)
+        metrics = model.metrics(sums)
+        if inject_nonfinite_at_steps:
+            fault = jnp.where(jnp.isin(state.step + 1, jnp.asarray(inject_nonfinite_at_steps)),
+                              jnp.nan, 1.0)
+            grads = jax.tree_util.tree_map(lambda g: g * fault.astype(g.dtype), grads)
+            metrics["loss"] = metrics["loss"] * fault
+        grad_norm = optax.global_norm(grads)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        metrics = {**model.metrics(sums),
+        step = state.step + 1
+        finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+        if nonfinite_policy != "none":
+            keep_old = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+            params = jax.tree_util.tree_map(keep_old, params, state.params)
+            opt_state = jax.tree_util.tree_map(keep_old, opt_state, state.opt_state)
+            if nonfinite_policy == "stop":
+                step = jnp.where(finite, step, state.step)
+        metrics = {**metrics,
                    "learning_rate": learning_rate_fn(state.step),
-                   "grad_norm": optax.global_norm(grads),
-                   "param_norm": optax.global_norm(params)}
-        return TrainState(state.step + 1, params, opt_state), metrics
+                   "grad_norm": grad_norm,
+                   "param_norm": optax.global_norm(params),
+                   "nonfinite": (~finite).astype(jnp.int32)}
+        return TrainState(step, params, opt_state), metrics
 
     return jax.jit(
         train_step,
@@ -188,46 +222,120 @@ def make_eval_step(model: Model, layout: Layout) -> Callable[[Any, Batch], Metri
                    out_shardings=layout.replicated)
 
 
-class Checkpointer:
-    """Train-state checkpoints in `model_dir/checkpoints`, with the model config beside them.
+class CheckpointUnreadable(ConfigError):
+    """A checkpoint on disk that cannot be restored (truncated, missing or damaged files)."""
 
-    Saves are asynchronous (training continues while the files are written); orbax writes each
-    step to a temporary directory and renames it when complete, so a run killed mid-save leaves
-    nothing that a restore would pick up.
+
+class Checkpointer:
+    """Train-state checkpoints in `model_dir/checkpoints`, with the model config and the run's
+    record (data order, skipped steps) beside them.
+
+    Crash safety: saves are asynchronous, and orbax writes each step to a temporary directory
+    that is renamed (or, on buckets, marked committed) only when complete, so a run killed
+    mid-save leaves nothing a restore would pick up; the leftover is reported
+    (`interrupted_saves`) and removed. Once a step is complete a manifest of its files' sizes
+    is written beside it, so a truncated or missing file is named before any array is read.
     """
+
+    MANIFEST = "t5x_like_manifest.json"
+    _TMP_MARKER = ".orbax-checkpoint-tmp"
 
     def __init__(self, model_dir: str, keep: int | None) -> None:
         self.directory = os.path.join(storage.resolve(model_dir), "checkpoints")
+        # Seen before orbax removes them (cleanup_tmp_directories).
+        self.interrupted_saves = sorted(
+            name.rstrip("/") for name in storage.listdir(self.directory)
+            if self._TMP_MARKER in name)
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                                 enable_async_checkpointing=True))
+                                                 enable_async_checkpointing=True,
+                                                 cleanup_tmp_directories=True))
+        self._unmanifested: int | None = None
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def save(self, state: TrainState, config: Any) -> None:
-        """Save now (asynchronously); the caller decides when."""
-        self.manager.save(int(state.step), force=True, args=ocp.args.Composite(
+    def steps(self) -> list[int]:
+        return sorted(self.manager.all_steps())
+
+    def save(self, state: TrainState, config: Any, record: dict | None = None) -> None:
+        """Save now (asynchronously); the caller decides when. `record` is small JSON about
+        the run (`restore_record`)."""
+        self._finish_previous_save()
+        step = int(state.step)
+        self.manager.save(step, force=True, args=ocp.args.Composite(
             params=ocp.args.StandardSave(state.params),
             opt_state=ocp.args.StandardSave(state.opt_state),
-            config=ocp.args.JsonSave(config.to_json())))
+            config=ocp.args.JsonSave(config.to_json()),
+            run=ocp.args.JsonSave(dict(record or {}))))
+        self._unmanifested = step
+
+    def _finish_previous_save(self) -> None:
+        """Wait for the save in flight (orbax would before starting the next one anyway) and
+        write its manifest."""
+        self.manager.wait_until_finished()
+        step, self._unmanifested = self._unmanifested, None
+        step_dir = os.path.join(self.directory, str(step))
+        if step is None or jax.process_index() or not storage.exists(step_dir):
+            return  # (another process writes it; or max_to_keep already removed the step)
+        storage.write_text(os.path.join(step_dir, self.MANIFEST),
+                           json.dumps({"step": step, "files": storage.file_sizes(step_dir)}))
+
+    def check_complete(self, step: int) -> None:
+        """Every file the manifest lists exists with its size; raises CheckpointUnreadable
+        naming the first that does not. (Steps saved without a manifest are not checked.)"""
+        step_dir = os.path.join(self.directory, str(step))
+        manifest = os.path.join(step_dir, self.MANIFEST)
+        if not storage.exists(manifest):
+            return
+        actual = storage.file_sizes(step_dir)
+        for name, size in json.loads(storage.read_text(manifest))["files"].items():
+            if name not in actual:
+                self._unreadable(step, os.path.join(step_dir, name), "the file is missing")
+            if actual[name] != size:
+                self._unreadable(step, os.path.join(step_dir, name),
+                                 f"{actual[name]:,} bytes where {size:,} were written")
+
+    def _unreadable(self, step: int, path: str, why: str) -> None:
+        earlier = [s for s in self.steps() if s < step]
+        hint = (f"Move {os.path.join(self.directory, str(step))} aside and rerun to resume "
+                f"from step {earlier[-1]}, the newest earlier checkpoint."
+                if earlier else "No earlier checkpoint is left: start a new MODEL_DIR.")
+        raise CheckpointUnreadable(f"The checkpoint of step {step} is damaged: {path}: {why}. "
+                                   + hint)
+
+    def _restore(self, step: int, **items) -> dict:
+        """orbax's restore, with any failure turned into CheckpointUnreadable naming the
+        step and (where the error says) the file."""
+        self.check_complete(step)
+        try:
+            return self.manager.restore(step, args=ocp.args.Composite(**items))
+        except Exception as e:  # noqa: BLE001 - tensorstore/json/orbax all fail differently
+            named = re.search(r'local file "([^"]+)"', str(e))
+            path = named.group(1) if named else os.path.join(self.directory, str(step),
+                                                              "/".join(items))
+            self._unreadable(step, path, f"{type(e).__name__}: {str(e).split(' [')[0][:300]}")
 
     def restore(self, abstract: TrainState, step: int | None = None) -> TrainState:
         """Restore onto the shardings carried by `abstract` (ShapeDtypeStructs): orbax reads
         each device's shards, whatever mesh the checkpoint was written from."""
         step = self.latest_step() if step is None else step
-        restored = self.manager.restore(step, args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(abstract.params),
-            opt_state=ocp.args.StandardRestore(abstract.opt_state)))
+        restored = self._restore(step, params=ocp.args.StandardRestore(abstract.params),
+                                 opt_state=ocp.args.StandardRestore(abstract.opt_state))
         return TrainState(jnp.array(step, jnp.int32), restored["params"], restored["opt_state"])
 
     def restore_config(self, step: int | None = None) -> Any:
         step = self.latest_step() if step is None else step
-        restored = self.manager.restore(step, args=ocp.args.Composite(
-            config=ocp.args.JsonRestore()))
-        return params_io.config_from_json(restored["config"])
+        return params_io.config_from_json(
+            self._restore(step, config=ocp.args.JsonRestore())["config"])
+
+    def restore_record(self, step: int) -> dict:
+        """The run record saved with `step` ({} for checkpoints written before records)."""
+        if not storage.exists(os.path.join(self.directory, str(step), "run")):
+            return {}
+        return dict(self._restore(step, run=ocp.args.JsonRestore())["run"])
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
+        self._finish_previous_save()
         self.manager.close()

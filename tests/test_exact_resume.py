@@ -1,0 +1,129 @@
+"""Exact resume: a run killed with kill -9 at a random step and rerun ends bit-identical to an
+uninterrupted run, and the global sequence of batches does not depend on the host count."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from t5x_like import train_data
+from t5x_like.config import ConfigError
+from tests.test_train import ROOT, TINY_RUN
+
+LENGTHS = {"inputs": 64, "targets": 16}
+
+
+def _take(order, n, **kwargs):
+    return list(train_data.host_dataset(order, LENGTHS, **kwargs).take(n).as_numpy_iterator())
+
+
+def test_global_batches_are_the_same_on_1_2_and_4_hosts_and_from_any_step():
+    order = train_data.DataOrder("offline_span_corruption", batch_size=8, seed=3, data_shards=4)
+    one_host = _take(order, 4, process_index=0, process_count=1)
+    for hosts in (2, 4):
+        parts = [_take(order, 4, process_index=p, process_count=hosts) for p in range(hosts)]
+        for step, batch in enumerate(one_host):
+            for key, value in batch.items():
+                np.testing.assert_array_equal(
+                    value, np.concatenate([part[step][key] for part in parts]),
+                    err_msg=f"{hosts} hosts, batch {step}, {key}")
+    resumed = _take(order, 2, start_batch=2, process_index=0, process_count=1)
+    for expected, got in zip(one_host[2:], resumed):
+        for key in expected:
+            np.testing.assert_array_equal(expected[key], got[key])
+    # Every row is real data, and the shards differ (rows are not copies of one stream).
+    tokens = one_host[0]["encoder_input_tokens"]
+    assert (tokens[:, 0] > 0).all() and len({row.tobytes() for row in tokens}) == 8
+
+
+def test_data_shards_are_checked_before_any_work():
+    saved = train_data.DataOrder("t", 8, 0, 4)
+    assert train_data.resolve_data_shards(None, 8, 1) == 1
+    assert train_data.resolve_data_shards(None, 8, 2, saved) == 4
+    with pytest.raises(ConfigError, match="must be >= 1 and divide train.batch_size=8"):
+        train_data.resolve_data_shards(3, 8, 1)
+    with pytest.raises(ConfigError, match="4 shards, which 3 processes cannot split evenly"):
+        train_data.resolve_data_shards(None, 12, 3, saved)
+    with pytest.raises(ConfigError, match="reads its data in 4 shards"):
+        train_data.resolve_data_shards(2, 8, 1, saved)
+
+
+def _command(model_dir, steps):
+    bindings = TINY_RUN + [f"MODEL_DIR={model_dir}", f"TRAIN_STEPS={steps}",
+                           "train.eval_every=0", "train.num_predictions=0",
+                           "train.checkpoint_every=4", "train.log_every=1",
+                           "T5Config.dropout_rate=0.1"]  # dropout: the rng must resume too
+    return [sys.executable, "-m", "t5x_like.train",
+            "--gin_file=gin_configs/runs/quickstart.gin"] + [f"--gin.{b}" for b in bindings]
+
+
+def _environment(devices):
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    flags = [f for f in flags if "xla_force_host_platform_device_count" not in f]
+    return {**os.environ,
+            "XLA_FLAGS": " ".join(flags + [f"--xla_force_host_platform_device_count={devices}"])}
+
+
+def _losses(stdout):
+    return {int(line.split()[1]): line.split("loss ")[1].split()[0]
+            for line in stdout.splitlines()
+            if line.startswith("step") and "  loss " in line}
+
+
+def _saved(model_dir, step, item):
+    path = os.path.join(model_dir, "checkpoints", str(step), item)
+    return jax.tree_util.tree_map(np.asarray, ocp.PyTreeCheckpointer().restore(path))
+
+
+def _steps(model_dir):
+    directory = os.path.join(model_dir, "checkpoints")
+    return sorted(int(d) for d in os.listdir(directory) if d.isdigit()) if os.path.isdir(
+        directory) else []
+
+
+@pytest.mark.parametrize("devices", [8, pytest.param(1, marks=pytest.mark.slow)])
+def test_kill_9_at_a_random_step_then_rerun_is_bit_identical(devices, tmp_path):
+    steps, env = 40, _environment(devices)
+    reference = subprocess.run(_command(tmp_path / "reference", steps), cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=600)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+
+    rng = random.Random()
+    kill_after = rng.randrange(4, 24)  # a checkpoint at or after this step, then a random wait
+    killed_dir = tmp_path / "killed"
+    proc = subprocess.Popen(_command(killed_dir, steps), cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 300
+        while not any(s >= kill_after for s in _steps(killed_dir)):
+            assert time.time() < deadline and proc.poll() is None, "no checkpoint to kill after"
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 0.3))
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    resumed_from = max(_steps(killed_dir))
+    assert resumed_from < steps, "the run ended before it was killed: nothing was tested"
+
+    resumed = subprocess.run(_command(killed_dir, steps), cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"Resumed from the checkpoint at step {resumed_from}" in resumed.stdout
+    expected, got = _losses(reference.stdout), _losses(resumed.stdout)
+    assert sorted(got) == list(range(resumed_from + 1, steps + 1))
+    assert {s: expected[s] for s in got} == got
+    for item in ("params", "opt_state"):
+        want, have = _saved(tmp_path / "reference", steps, item), _saved(killed_dir, steps, item)
+        for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(want),
+                                jax.tree_util.tree_leaves(have)):
+            np.testing.assert_array_equal(a, b, err_msg=f"{item} {jax.tree_util.keystr(path)} "
+                                          f"(killed after step {resumed_from})")
