@@ -1,0 +1,85 @@
+"""Crash-safe checkpoints: an interrupted save is never restored (the run says so and resumes
+from the newest complete step); a truncated, missing or damaged file is named with its step."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+
+import pytest
+
+from t5x_like import train
+from tests.test_train import TINY_RUN
+
+
+def _run(model_dir, steps, *extra):
+    return train.main(["--gin_file=gin_configs/runs/quickstart.gin"]
+                      + [f"--gin.{b}" for b in TINY_RUN]
+                      + [f"--gin.MODEL_DIR={model_dir}", f"--gin.TRAIN_STEPS={steps}",
+                         "--gin.train.eval_every=0", "--gin.train.num_predictions=0",
+                         "--gin.train.checkpoint_every=2", *extra])
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A run with complete checkpoints at steps 2 and 4 (each with its manifest)."""
+    model_dir = tmp_path_factory.mktemp("ckpt") / "run"
+    assert _run(model_dir, 4) == 0
+    checkpoints = model_dir / "checkpoints"
+    assert sorted(os.listdir(checkpoints)) == ["2", "4"]
+    for step in ("2", "4"):
+        manifest = json.loads((checkpoints / step / "t5x_like_manifest.json").read_text())
+        assert manifest["step"] == int(step) and any("params" in f for f in manifest["files"])
+    return model_dir
+
+
+def _copy(run, tmp_path):
+    shutil.copytree(run, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_an_interrupted_save_is_ignored_reported_and_removed(finished_run, tmp_path, capsys):
+    model_dir = _copy(finished_run, tmp_path)
+    checkpoints = model_dir / "checkpoints"
+    # What a kill during orbax's save leaves: the step's files under a temporary name, never
+    # renamed to "4". The newest complete checkpoint is then step 2.
+    os.rename(checkpoints / "4", checkpoints / "4.orbax-checkpoint-tmp-1796097000")
+    assert _run(model_dir, 5) == 0
+    out = capsys.readouterr().out
+    assert ("Ignoring 4.orbax-checkpoint-tmp-1796097000" in out
+            and "interrupted before it completed" in out
+            and "Resuming from step 2, the newest complete checkpoint." in out)
+    assert "Resumed from the checkpoint at step 2" in out
+    left = os.listdir(checkpoints)
+    assert "5" in left and not any("tmp" in name for name in left), left
+
+
+@pytest.mark.parametrize("damage", ["truncated", "missing", "garbled config"])
+def test_a_damaged_checkpoint_is_an_error_naming_the_step_and_the_file(
+        damage, finished_run, tmp_path, capsys):
+    model_dir = _copy(finished_run, tmp_path)
+    step_dir = model_dir / "checkpoints" / "4"
+    if damage == "truncated":
+        victim = max(glob.glob(f"{step_dir}/params/**/d/*", recursive=True), key=os.path.getsize)
+        with open(victim, "r+b") as f:
+            f.truncate(os.path.getsize(victim) // 2)
+        why = "bytes where"
+    elif damage == "missing":
+        victim = glob.glob(f"{step_dir}/opt_state/**/d/*", recursive=True)[0]
+        os.remove(victim)
+        why = "the file is missing"
+    else:  # same size, other bytes: only the reader can tell
+        victim = f"{step_dir}/config/metadata"
+        size = os.path.getsize(victim)
+        with open(victim, "wb") as f:
+            f.write(b"{" * size)
+        why = "JSONDecodeError"
+    assert _run(model_dir, 6) == 2
+    err = capsys.readouterr().err
+    assert f"The checkpoint of step 4 is damaged: {step_dir}/" in err and why in err
+    if damage != "garbled config":
+        assert victim in err
+    assert f"Move {step_dir} aside and rerun to resume from step 2" in err
+    assert sorted(os.listdir(model_dir / "checkpoints")) == ["2", "4"]  # nothing written
