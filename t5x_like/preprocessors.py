@@ -68,8 +68,10 @@ def random_spans_noise_mask(length: tf.Tensor, noise_density: float, seeds: tf.T
     num_noise = tf.minimum(tf.maximum(num_noise, 1), length - 1)
     num_spans = tf.cast(tf.round(tf.cast(num_noise, tf.float32) / mean_noise_span_length),
                         tf.int32)
-    num_spans = tf.maximum(num_spans, 1)
     num_nonnoise = length - num_noise
+    # Each span needs a token of each kind (T5's code fails on short texts, e.g. 3 tokens at
+    # 50% with mean span 1: two noise spans but one kept token to separate them).
+    num_spans = tf.clip_by_value(num_spans, 1, tf.minimum(num_noise, num_nonnoise))
 
     def random_segmentation(num_items, num_segments, seed):
         first_in_segment = tf.pad(
@@ -99,11 +101,19 @@ def sentinel_id(vocabulary: seqio.Vocabulary) -> int:
 def noise_span_to_unique_sentinel(tokens: tf.Tensor, noise_mask: tf.Tensor,
                                   vocabulary: seqio.Vocabulary,
                                   seed: tf.Tensor | None = None) -> tf.Tensor:
-    """Replace each run of noise tokens by one sentinel, unique within the example."""
+    """Replace each run of noise tokens by one sentinel, unique within the example.
+
+    Sentinels count down from the top of the vocabulary. T5's code keeps counting past its
+    `extra_ids` sentinels into ordinary pieces when an example has more spans (i.i.d. noise at
+    25-50% over 512 tokens has ~100-130): here every span past the last sentinel reuses it, so
+    a sentinel never stands for a text token (such an example cannot be undone exactly).
+    """
     prev_is_noise = tf.pad(noise_mask[:-1], [[1, 0]])
     first_noise = tf.logical_and(noise_mask, tf.logical_not(prev_is_noise))
     subsequent_noise = tf.logical_and(noise_mask, prev_is_noise)
     sentinel = sentinel_id(vocabulary) + 1 - tf.cumsum(tf.cast(first_noise, tokens.dtype))
+    if vocabulary.extra_ids:
+        sentinel = tf.maximum(sentinel, vocabulary.vocab_size - vocabulary.extra_ids)
     tokens = tf.where(first_noise, sentinel, tokens)
     return tf.boolean_mask(tokens, tf.logical_not(subsequent_noise))
 
