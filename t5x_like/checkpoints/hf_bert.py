@@ -2,7 +2,7 @@
 <-> our parameters.
 
 Every HF tensor maps to one of our parameters through a reversible transform, so the same table
-imports and exports. Reading uses safetensors only (no pickle execution), as for T5; unknown,
+imports and exports. Reading is `hf_t5.read_tensors` (safetensors, or a weights-only `.bin`: no code runs); unknown,
 missing or mis-shaped tensors are errors that name the tensor.
 """
 
@@ -168,29 +168,9 @@ def params_to_hf(params: Params, cfg: BertConfig,
 
 
 # ------------------------------------------------------------------------------ files
-def read_tensors(checkpoint_dir: str) -> dict[str, Tensor]:
-    """safetensors, or a PyTorch `.bin` read with torch's weights-only unpickler (tensors and
-    plain containers only: nothing in the file can run code)."""
-    import os
-
-    from t5x_like.checkpoints.hf_t5 import read_safetensors
-
-    bin_path = os.path.join(checkpoint_dir, "pytorch_model.bin")
-    has_safetensors = any(n.startswith("model.safetensors") for n in os.listdir(checkpoint_dir))
-    if has_safetensors or not os.path.exists(bin_path):
-        return read_safetensors(checkpoint_dir)
-    try:
-        import torch
-    except ImportError as e:
-        raise CheckpointError(f"{bin_path} is a PyTorch file; reading it needs torch "
-                              "(pip install torch==2.13.0), or convert it to safetensors.") from e
-    state = torch.load(bin_path, map_location="cpu", weights_only=True)
-    return {k: v.float().numpy() for k, v in state.items()}
-
-
 def load_hf_checkpoint(checkpoint_dir: str) -> tuple[BertConfig, Params]:
     """(config, params) from a HuggingFace BERT directory, shapes checked against the config."""
-    from t5x_like.checkpoints.hf_t5 import read_config
+    from t5x_like.checkpoints.hf_t5 import read_config, read_tensors
 
     cfg = config_from_hf(read_config(checkpoint_dir))
     params = params_from_hf(read_tensors(checkpoint_dir), cfg)

@@ -176,10 +176,10 @@ def load_hf_checkpoint(checkpoint_dir: str) -> tuple[GPTConfig, Params]:
     checked against what config.json implies."""
     from flax import traverse_util
 
-    from t5x_like.checkpoints.hf_t5 import read_config, read_safetensors
+    from t5x_like.checkpoints.hf_t5 import read_config, read_tensors
 
     cfg = config_from_hf(read_config(checkpoint_dir))
-    params = params_from_hf(read_safetensors(checkpoint_dir), cfg)
+    params = params_from_hf(read_tensors(checkpoint_dir), cfg)
     got = traverse_util.flatten_dict(params, sep="/")
     for name, want in traverse_util.flatten_dict(expected_params(cfg), sep="/").items():
         if tuple(got[name].shape) != tuple(want.shape):

@@ -1,6 +1,7 @@
 """Import HuggingFace T5 checkpoints (config.json + safetensors) into our parameter tree.
 
-Only safetensors are read, so nothing in a checkpoint can execute code. Every tensor of the
+Tensors come from safetensors, or from a `pytorch_model.bin` through torch's weights-only
+unpickler (`read_tensors`), so nothing in a checkpoint can execute code. Every tensor of the
 file must be used and every parameter of the model must be found: an unknown, missing or
 mis-shaped tensor is an error that names it.
 
@@ -178,6 +179,30 @@ def read_safetensors(checkpoint_dir: str) -> dict[str, Tensor]:
     return tensors
 
 
+def read_tensors(checkpoint_dir: str) -> dict[str, Tensor]:
+    """A checkpoint's tensors: safetensors, or else a PyTorch `pytorch_model.bin` read with
+    torch's weights-only unpickler, which builds tensors and plain containers and refuses
+    anything else, so nothing in the file can run code."""
+    bin_path = os.path.join(checkpoint_dir, "pytorch_model.bin")
+    has_safetensors = any(n.startswith("model.safetensors") for n in os.listdir(checkpoint_dir))
+    if has_safetensors or not os.path.exists(bin_path):
+        return read_safetensors(checkpoint_dir)
+    try:
+        import torch
+    except ImportError as e:
+        raise CheckpointError(f"{bin_path} is a PyTorch pickle file; reading it safely needs "
+                              "torch (pip install torch==2.13.0), or convert it to safetensors "
+                              "with transformers' save_pretrained(...).") from e
+    try:
+        state = torch.load(bin_path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - UnpicklingError, RuntimeError, EOFError, ...
+        raise CheckpointError(
+            f"{bin_path} was not loaded: it holds more than tensors (torch's weights-only "
+            f"loader refused it: {str(e).splitlines()[0][:200]}), and unpickling such a file "
+            "could run code. Use a safetensors copy of the checkpoint.") from None
+    return {k: v.float().numpy() for k, v in state.items()}
+
+
 def read_config(checkpoint_dir: str) -> dict[str, Any]:
     path = os.path.join(checkpoint_dir, "config.json")
     if not os.path.exists(path):
@@ -252,7 +277,7 @@ def load_hf_checkpoint(checkpoint_dir: str) -> tuple[T5Config, Params]:
 
     hf_config = read_config(checkpoint_dir)
     cfg = config_from_hf(hf_config)
-    params = params_from_hf(read_safetensors(checkpoint_dir), cfg)
+    params = params_from_hf(read_tensors(checkpoint_dir), cfg)
     expected = unbox(EncoderDecoderModel(cfg).abstract_params())
     check_shapes(params, expected, cfg)
     return cfg, params
