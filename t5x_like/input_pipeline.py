@@ -43,6 +43,8 @@ def _tasks_of(task_or_mixture: seqio.Task | seqio.Mixture) -> list[seqio.Task]:
 
 def check_data_available(task_or_mixture: seqio.Task | seqio.Mixture, split: str) -> None:
     """Fail now, with instructions, if a TFDS dataset the task reads is not prepared."""
+    from tasks import text_files
+
     for task in _tasks_of(task_or_mixture):
         source = task.source
         source = getattr(source, "source", source)  # a LazySource decides now
@@ -52,6 +54,8 @@ def check_data_available(task_or_mixture: seqio.Task | seqio.Mixture, split: str
                     f"Task {task.name!r} reads files {source._split_to_filepattern[split]!r} "
                     f"for split {split!r}, and none exist. Check the path (c4_files.json_dir "
                     "or text_corpus.*_files).")
+            if isinstance(source, (text_files.TextFileDataSource, text_files.JsonlDataSource)):
+                text_files.check_text_files(source.list_shards(split))
             continue
         if not isinstance(source, seqio.TfdsDataSource):
             continue
@@ -131,6 +135,36 @@ def check_num_labels(task_or_mixture: seqio.Task | seqio.Mixture, model) -> None
             raise ConfigError(
                 f"Task {task.name!r} has {kind} labels but the model's head has {wanted} "
                 f"outputs; bind {name}.num_labels = {labels}.")
+
+
+def check_sequence_fits(model, task_feature_lengths: Mapping[str, int], pack: bool,
+                        binding: str = "train.task_feature_lengths") -> None:
+    """The model's sequences must fit its learned position table (BERT, GPT): otherwise the
+    first step would fail inside the compiled model, after minutes of set-up."""
+    cfg = model.config
+    limit = getattr(cfg, "max_position_embeddings", None)
+    if limit is None or not getattr(cfg, "learned_positions", True):
+        return  # relative positions (T5) or none: any length is representable
+    lengths = model.feature_converter(pack).get_model_feature_lengths(dict(task_feature_lengths))
+    longest = max(lengths.get(k, 0) for k in ("input_ids", "decoder_input_tokens",
+                                               "decoder_target_tokens"))
+    if longest > limit:
+        raise ConfigError(
+            f"{binding}={dict(task_feature_lengths)} makes sequences of {longest} tokens, but "
+            f"the model has {limit} learned positions ({type(cfg).__name__}."
+            f"max_position_embeddings). Shorten the feature lengths, or use a model with "
+            f"max_position_embeddings >= {longest}.")
+
+
+def check_not_empty(first_batch, task_name: str, split: str,
+                    task_feature_lengths: Mapping[str, int]) -> None:
+    """`first_batch` is None when the pipeline gave nothing: say why it may be, now."""
+    if first_batch is None:
+        raise ConfigError(
+            f"Task {task_name!r} gives no {split!r} examples at {dict(task_feature_lengths)}: "
+            "the source is empty or the task's preprocessors filtered every example out "
+            "(e.g. all texts too short, or every line blank). Check the data files and the "
+            "task's filters.")
 
 
 def steps_for_epochs(task_or_mixture: seqio.Task | seqio.Mixture, epochs: float,

@@ -12,6 +12,7 @@ from the newest checkpoint in MODEL_DIR.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import shutil
@@ -153,6 +154,8 @@ def train(
     cfg = model.config
     input_pipeline.check_vocabulary(task_obj, cfg.vocab_size)
     input_pipeline.check_num_labels(task_obj, model)
+    for _, lengths in phase_plan:
+        input_pipeline.check_sequence_fits(model, lengths, pack)
     mesh = partitioning.make_mesh()
     rules = partitioning.logical_axis_rules(num_partitions=partitioning.model_axis_size(mesh))
     partitioning.check_rules_match_mesh(rules, mesh)
@@ -212,6 +215,9 @@ def train(
     phase = _phase_at(phase_plan, start_step)
     feature_lengths = dict(phase_plan[phase][1])
     train_iter = train_batches(phase, start_step)
+    first_batch = next(train_iter, None)  # before the state is built: an empty task fails now
+    input_pipeline.check_not_empty(first_batch, task, "train", feature_lengths)
+    train_iter = itertools.chain([first_batch], train_iter)
     if len(phase_plan) > 1:
         _log(f"step {start_step:>7}  phase {phase + 1} of {len(phase_plan)}: task feature "
              f"lengths {feature_lengths}")

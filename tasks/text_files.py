@@ -17,6 +17,7 @@ the run's config, through `LazySource`:
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from typing import Callable, Mapping, Sequence
@@ -32,6 +33,49 @@ JSON_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
 
 def _compression(path: tf.Tensor) -> tf.Tensor:
     return tf.where(tf.strings.regex_full_match(path, r".*\.gz"), "GZIP", "")
+
+
+def utf8_lines(path: tf.Tensor) -> tf.data.Dataset:
+    """The file's lines, each checked to be UTF-8: a line that is not fails the pipeline with
+    the file's name (the run's start-up check, `check_text_files`, reads only the first MiB of
+    each file). Blank lines are dropped: one document per line, none empty."""
+
+    def checked(line):
+        valid = tf.equal(tf.strings.unicode_transcode(line, "UTF-8", "UTF-8", errors="replace"),
+                         line)
+        # (The line itself is not in the message: TF's error text must be valid UTF-8.)
+        assertion = tf.debugging.Assert(valid, [
+            "A line of", path, "is not UTF-8 text; re-encode the file (e.g. iconv -f latin1 "
+            "-t utf-8) or remove the line."])
+        with tf.control_dependencies([assertion]):
+            return tf.identity(line)
+
+    lines = tf.data.TextLineDataset(path, compression_type=_compression(path))
+    return lines.filter(lambda l: tf.strings.length(tf.strings.strip(l)) > 0).map(checked)
+
+
+def check_text_files(paths: Sequence[str], max_files: int = 64,
+                     max_bytes: int = 1 << 20) -> None:
+    """Before a run starts: the first MiB of each of the first `max_files` files must be UTF-8
+    text; the error names the file and the line."""
+    for path in list(paths)[:max_files]:
+        with tf.io.gfile.GFile(path, "rb") as f:
+            if path.endswith(".gz"):
+                with gzip.GzipFile(fileobj=f) as unzipped:
+                    raw = unzipped.read(max_bytes)
+            else:
+                raw = f.read(max_bytes)
+        lines = raw.split(b"\n")
+        if len(raw) == max_bytes:
+            lines = lines[:-1]  # (cut mid-line)
+        for number, line in enumerate(lines, 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ConfigError(
+                    f"{path}, line {number}: not UTF-8 text (byte {line[e.start]:#04x} at "
+                    f"column {e.start + 1}). Re-encode the file (e.g. `iconv -f latin1 -t "
+                    "utf-8`) or remove the line.") from None
 
 
 def read_jsonl(path: tf.Tensor, text_key: str = "text",
@@ -52,9 +96,7 @@ def read_jsonl(path: tf.Tensor, text_key: str = "text",
         values = tf.py_function(parse, [line], [tf.string] * len(keys))
         return {k: tf.ensure_shape(v, []) for k, v in zip(names, values)}
 
-    lines = tf.data.TextLineDataset(path, compression_type=_compression(path))
-    return lines.filter(lambda l: tf.strings.length(tf.strings.strip(l)) > 0).map(
-        to_features, num_parallel_calls=tf.data.AUTOTUNE)
+    return utf8_lines(path).map(to_features, num_parallel_calls=tf.data.AUTOTUNE)
 
 
 class JsonlDataSource(seqio.FileDataSource):
@@ -71,9 +113,7 @@ class TextFileDataSource(seqio.FileDataSource):
 
     def __init__(self, split_to_filepattern: Mapping[str, str | Sequence[str]]):
         def read(path):
-            lines = tf.data.TextLineDataset(path, compression_type=_compression(path))
-            return lines.filter(lambda l: tf.strings.length(tf.strings.strip(l)) > 0).map(
-                lambda l: {"text": l})
+            return utf8_lines(path).map(lambda l: {"text": l})
 
         super().__init__(read, split_to_filepattern)
 
