@@ -51,8 +51,8 @@ BENCHMARK_CONFIG = FAMILIES["t5"].benchmark_config
 
 def run(cfg: Any, batch: int, inputs: int, targets: int, steps: int,
         mesh_shape: tuple[int, int] | None = None, layout_name: str = "auto",
-        loss_chunk_length: int | None = None, profile_dir: str | None = None
-        ) -> dict[str, Any]:
+        loss_chunk_length: int | None = None, profile_dir: str | None = None,
+        nonfinite_policy: str = "stop") -> dict[str, Any]:
     """Time the trainer's own sharded step (the one `t5x_like.train` runs) on the given mesh,
     for the family `cfg` belongs to; with `profile_dir`, also trace two more steps there and
     summarise their XLA ops (`benchmarks.op_profile`)."""
@@ -68,7 +68,8 @@ def run(cfg: Any, batch: int, inputs: int, targets: int, steps: int,
     state = trainer.init_state(model, optimizer, jax.random.key(0), layout)
     data = partitioning.global_batch(family.make_batch(cfg, batch, inputs, targets), mesh,
                                      rules)
-    step_fn = trainer.make_train_step(model, optimizer, lr, layout)
+    step_fn = trainer.make_train_step(model, optimizer, lr, layout,
+                                      nonfinite_policy=nonfinite_policy)
     rng = jax.random.key(1)
 
     t = time.perf_counter()
@@ -260,13 +261,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                              "(needs the test extra: torch, transformers)")
     parser.add_argument("--profile", metavar="DIR", default=None,
                         help="also trace two steps into DIR and print the time per XLA op")
+    parser.add_argument("--nonfinite_policy", default="stop", choices=trainer.NONFINITE_POLICIES,
+                        help="the step's NaN/Inf guard (train.nonfinite_policy); 'none' = no "
+                             "guard, to measure its cost")
     parser.add_argument("--out", default="benchmarks/results/train_throughput.json")
     args = parser.parse_args(argv)
 
     cfg = model_config(args)
     mesh_shape = tuple(int(x) for x in args.mesh_shape.split(",")) if args.mesh_shape else None
     result = run(cfg, args.batch, args.inputs, args.targets, args.steps, mesh_shape,
-                 args.layout, args.loss_chunk_length, args.profile)
+                 args.layout, args.loss_chunk_length, args.profile, args.nonfinite_policy)
     result["config"] = cfg.to_json()
     print_table(result)
     if result["op_profile"]:
