@@ -83,3 +83,51 @@ def test_a_damaged_checkpoint_is_an_error_naming_the_step_and_the_file(
         assert victim in err
     assert f"Move {step_dir} aside and rerun to resume from step 2" in err
     assert sorted(os.listdir(model_dir / "checkpoints")) == ["2", "4"]  # nothing written
+
+
+@pytest.mark.slow  # two training subprocesses (~80 s)
+def test_kill_9_in_the_middle_of_a_save_then_rerun_resumes_from_a_complete_step(tmp_path):
+    """A real kill -9 while orbax is writing a step: the rerun ignores the half-written step
+    and resumes from the newest complete one."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.test_train import ROOT
+
+    model_dir = tmp_path / "run"
+    checkpoints = model_dir / "checkpoints"
+
+    def command(steps):
+        return [sys.executable, "-m", "t5x_like.train",
+                "--gin_file=gin_configs/runs/quickstart.gin"] + [
+            f"--gin.{b}" for b in TINY_RUN + [
+                f"MODEL_DIR={model_dir}", f"TRAIN_STEPS={steps}", "train.eval_every=0",
+                "train.num_predictions=0", "train.checkpoint_every=1",
+                "train.keep_checkpoints=3"]]
+
+    proc = subprocess.Popen(command(100_000), cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    caught = None
+    try:
+        deadline = time.time() + 300
+        while caught is None and time.time() < deadline and proc.poll() is None:
+            names = os.listdir(checkpoints) if checkpoints.exists() else []
+            complete = [n for n in names if n.isdigit()]
+            caught = next((n for n in names if "tmp" in n), None) if complete else None
+            if caught is None:
+                time.sleep(0.002)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert caught, "never saw a save in progress"
+    left = os.listdir(checkpoints)
+    half_written = [n for n in left if "tmp" in n]
+    assert half_written, f"the save finished before the kill landed ({left}); rerun the test"
+    newest = max(int(n) for n in left if n.isdigit())
+    rerun = subprocess.run(command(newest + 1), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"Ignoring {half_written[0]}" in rerun.stdout
+    assert f"Resumed from the checkpoint at step {newest}" in rerun.stdout
+    assert not any("tmp" in n for n in os.listdir(checkpoints))
