@@ -279,6 +279,8 @@ def train(
             state, metrics = train_step(state, batch, rng)
         step += 1
         if nonfinite_policy == "stop" and int(metrics["nonfinite"]):  # one scalar read per step
+            watcher.close()
+            bar.close()
             _stop_on_nonfinite(step, jax.device_get(metrics), state, save, checkpointer)
         if profiling and step == profile[1]:
             profiling = False

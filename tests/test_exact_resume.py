@@ -90,7 +90,8 @@ def _steps(model_dir):
         directory) else []
 
 
-@pytest.mark.parametrize("devices", [8, pytest.param(1, marks=pytest.mark.slow)])
+@pytest.mark.slow  # three training subprocesses each (~100-150 s); CI runs the slow set
+@pytest.mark.parametrize("devices", [8, 1])
 def test_kill_9_at_a_random_step_then_rerun_is_bit_identical(devices, tmp_path):
     steps, env = 40, _environment(devices)
     reference = subprocess.run(_command(tmp_path / "reference", steps), cwd=ROOT, env=env,
@@ -127,3 +128,39 @@ def test_kill_9_at_a_random_step_then_rerun_is_bit_identical(devices, tmp_path):
                                 jax.tree_util.tree_leaves(have)):
             np.testing.assert_array_equal(a, b, err_msg=f"{item} {jax.tree_util.keystr(path)} "
                                           f"(killed after step {resumed_from})")
+
+
+@pytest.mark.slow  # four training processes (~3 min)
+def test_a_run_resumed_on_two_hosts_sees_the_same_batches_as_on_one(tmp_path):
+    """One process (4 devices) trains 4 of 8 steps in data_shards=2; the rerun as two processes
+    (2 devices each, jax.distributed over gloo) continues with the batches the one-process run
+    would have used: its losses equal an uninterrupted one-process run's. (Equal to the printed
+    4 decimals, not bitwise: the gradient sum now crosses processes.)"""
+    from tests.test_multiprocess import _env, _free_port
+
+    def command(model_dir, steps):
+        return _command(model_dir, steps)[:-1] + [  # (no dropout: same masks either way)
+            "--gin.T5Config.dropout_rate=0.0", "--gin.train.data_shards=2"]
+
+    env = {**_env(), "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    reference = subprocess.run(command(tmp_path / "reference", 8), cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=600)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    first = subprocess.run(command(tmp_path / "run", 4), cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    port = _free_port()
+    procs = [subprocess.Popen(command(tmp_path / "run", 8), cwd=ROOT, env={
+        **_env(), "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+        "T5X_LIKE_COORDINATOR": f"127.0.0.1:{port}", "T5X_LIKE_NUM_PROCESSES": "2",
+        "T5X_LIKE_PROCESS_ID": str(i)}, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        text=True) for i in range(2)]
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(o[-2000:] for o in outputs)
+    expected = _losses(reference.stdout)
+    for i, out in enumerate(outputs):
+        assert f"[process {i}/2] Resumed from the checkpoint at step 4" in out
+        lines = [line.split("] ", 1)[1] for line in out.splitlines() if line.startswith("[")]
+        got = _losses("\n".join(lines))
+        assert sorted(got) == [5, 6, 7, 8]
+        assert {s: expected[s] for s in got} == got, (i, got, expected)
