@@ -252,6 +252,7 @@ class Checkpointer:
                                                  enable_async_checkpointing=True,
                                                  cleanup_tmp_directories=True))
         self._unmanifested: int | None = None
+        self._checked: set[int] = set()  # steps whose manifest was verified (once per step)
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -285,6 +286,8 @@ class Checkpointer:
     def check_complete(self, step: int) -> None:
         """Every file the manifest lists exists with its size; raises CheckpointUnreadable
         naming the first that does not. (Steps saved without a manifest are not checked.)"""
+        if step in self._checked:
+            return
         step_dir = os.path.join(self.directory, str(step))
         manifest = os.path.join(step_dir, self.MANIFEST)
         if not storage.exists(manifest):
@@ -296,6 +299,7 @@ class Checkpointer:
             if actual[name] != size:
                 self._unreadable(step, os.path.join(step_dir, name),
                                  f"{actual[name]:,} bytes where {size:,} were written")
+        self._checked.add(step)
 
     def _unreadable(self, step: int, path: str, why: str) -> None:
         earlier = [s for s in self.steps() if s < step]
