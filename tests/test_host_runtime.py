@@ -1,0 +1,83 @@
+"""Importing t5x_like applies the host settings the benchmarks measured: the CPU fusion flag
+(without overriding a choice already made in XLA_FLAGS) and glibc keeping freed memory (so a
+step's large buffers are not page-faulted in again every step)."""
+
+import os
+import platform
+import resource
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _flags_after_import(xla_flags: str | None) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    if xla_flags is not None:
+        env["XLA_FLAGS"] = xla_flags
+    return subprocess.run(
+        [sys.executable, "-c", "import os, t5x_like; print(os.environ['XLA_FLAGS'])"],
+        cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_default_cpu_flag_is_added_to_existing_flags():
+    assert _flags_after_import(None) == "--xla_cpu_experimental_ynn_fusion_type=dot"
+    assert _flags_after_import("--xla_force_host_platform_device_count=2").split() == [
+        "--xla_force_host_platform_device_count=2", "--xla_cpu_experimental_ynn_fusion_type=dot"]
+
+
+def test_a_users_choice_wins():
+    chosen = "--xla_cpu_experimental_ynn_fusion_type=default"
+    assert _flags_after_import(chosen) == chosen
+
+
+def test_the_flag_is_one_this_jax_accepts():
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run(
+        [sys.executable, "-c", "import t5x_like, jax, jax.numpy as jnp; "
+                               "print(float(jax.jit(lambda x: (x @ x).sum())(jnp.ones((4, 4)))))"],
+        cwd=ROOT, env={**env, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True,
+        check=True)
+    assert out.stdout.strip().endswith("64.0")
+
+
+# malloc, touch and free a 256 MiB block three times (as XLA does with a step's temporary
+# buffer); print the minor page faults of the last two rounds. Kept memory is reused warm (a
+# handful of faults); glibc's default unmaps the block on free, and every round faults all of
+# its 65,536 pages in again.
+_FAULTS = """
+import ctypes, resource
+import t5x_like
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+n = 2**28
+def round_trip():
+    block = libc.malloc(n)
+    ctypes.memset(block, 1, n)
+    libc.free(block)
+round_trip()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+round_trip()
+round_trip()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def _page_faults_reallocating(malloc_setting: str | None) -> int:
+    env = {k: v for k, v in os.environ.items() if k != "T5X_LIKE_HOST_MALLOC"}
+    if malloc_setting is not None:
+        env["T5X_LIKE_HOST_MALLOC"] = malloc_setting
+    out = subprocess.run([sys.executable, "-c", _FAULTS], cwd=ROOT, env=env,
+                         capture_output=True, text=True, check=True)
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt only")
+def test_freed_memory_is_reused_without_page_faults():
+    pages_per_round = 2**28 // resource.getpagesize()
+    assert _page_faults_reallocating(None) < pages_per_round // 100
+    # The opt-out restores glibc's default, which faults every page in each round.
+    assert _page_faults_reallocating("default") > pages_per_round
