@@ -164,6 +164,11 @@ def make_train_step(model: Model, optimizer: optax.GradientTransformation,
         grad_fn = jax.grad(objective, has_aux=True)
         if num_microbatches <= 1:
             return grad_fn(params, batch, rng)
+        # Each micro-batch must still split evenly over the data-parallel devices: XLA pads
+        # an uneven split, and with padded shards its partitioner has produced wrong
+        # gradients (model-parallel mesh, 2 rows over 4 data shards) with no error.
+        rows = jax.tree_util.tree_leaves(batch)[0].shape[0]
+        partitioning.check_batch_size(rows, layout.mesh, num_microbatches, layout.rules)
         micro = _split_microbatches(batch, num_microbatches)
 
         def accumulate(carry, inputs):

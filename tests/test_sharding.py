@@ -108,14 +108,23 @@ def test_gradient_accumulation_on_three_axis_mesh(reference):
     _assert_same(state, ref_state)
 
 
-@pytest.mark.parametrize("mesh_shape,layout", [((1, 1), "data_parallel"),
-                                               ((4, 2), "model_parallel"), ((2, 4), "fsdp")])
-def test_gradient_accumulation_equals_full_batch(reference, mesh_shape, layout):
+@pytest.mark.parametrize("mesh_shape,layout,num_microbatches", [
+    ((1, 1), "data_parallel", 4), ((4, 2), "model_parallel", 2), ((2, 4), "fsdp", 4)])
+def test_gradient_accumulation_equals_full_batch(reference, mesh_shape, layout,
+                                                 num_microbatches):
     ref_state, ref_metrics = reference
     devices = jax.devices()[:1] if mesh_shape == (1, 1) else None
-    state, metrics, _ = _one_step(mesh_shape, layout, num_microbatches=4, devices=devices)
+    state, metrics, _ = _one_step(mesh_shape, layout, num_microbatches=num_microbatches,
+                                  devices=devices)
     np.testing.assert_allclose(metrics["loss"], ref_metrics["loss"], rtol=1e-5)
     _assert_same(state, ref_state)
+
+
+def test_micro_batches_that_do_not_split_over_the_data_devices_are_refused():
+    """8 rows in 4 micro-batches of 2 over 4 data shards: XLA would pad the shards (and its
+    partitioner then produced wrong gradients); the step refuses before compiling."""
+    with pytest.raises(ConfigError, match="divisible by data-parallel size"):
+        _one_step((4, 2), "model_parallel", num_microbatches=4)
 
 
 def test_checkpoint_restores_across_meshes(tmp_path, reference):

@@ -12,6 +12,7 @@ initialisers.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable, Sequence
 
 import flax.linen as nn
@@ -191,7 +192,24 @@ class Embed(nn.Module):
 
     def attend(self, query: Array) -> Array:
         """Logits against every embedding row: query @ embedding^T."""
-        return jnp.einsum("...d,vd->...v", query, self.embedding.astype(self.dtype))
+        return project(query, self.embedding.astype(self.dtype).T, 1)
+
+
+def project(x: Array, kernel: Array, n_in: int) -> Array:
+    """Contract the last `n_in` dims of `x` with the first `n_in` of `kernel`.
+
+    Written as one 2-D matmul (leading dims and the kernel's in/out dims flattened) rather
+    than an N-D `dot_general`: same values, but XLA's CPU backend then routes the forward and
+    both gradients through its fast matmul kernels instead of transposing the output gradient
+    and falling back to a slow generic dot (the standard benchmark step: ~2.8 s -> ~2.4 s).
+    Flattening the batch and length dims into one is what matters (the weight gradient then
+    contracts a single dim); flattening only the kernel gains nothing. The reshapes are free
+    (bitcasts). Under a mesh the rows must split evenly over the data-parallel devices (XLA
+    miscompiled gradients of this form on padded shards; `trainer` refuses such micro-batches).
+    """
+    lead, in_shape, out_shape = x.shape[:-n_in], kernel.shape[:n_in], kernel.shape[n_in:]
+    y = x.reshape(-1, math.prod(in_shape)) @ kernel.reshape(math.prod(in_shape), -1)
+    return y.reshape(*lead, *out_shape)
 
 
 class Dense(nn.Module):
@@ -212,10 +230,7 @@ class Dense(nn.Module):
         init = functools.partial(self.kernel_init, in_axes=n_in)
         kernel = _param(self, "kernel", init, (*in_shape, *self.features),
                         (*self.in_axes, *self.out_axes))
-        contract = tuple(range(x.ndim - n_in, x.ndim))
-        y = jax.lax.dot_general(
-            x.astype(self.dtype), kernel.astype(self.dtype),
-            ((contract, tuple(range(n_in))), ((), ())))
+        y = project(x.astype(self.dtype), kernel.astype(self.dtype), n_in)
         if self.use_bias:
             bias = _param(self, "bias", nn.initializers.zeros, tuple(self.features),
                           tuple(self.out_axes))
