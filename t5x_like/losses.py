@@ -45,13 +45,23 @@ def cross_entropy_with_logits(logits: Array, targets: Array, weights: Array | No
     return loss, z_part
 
 
+def target_is_argmax(logits: Array, targets: Array) -> Array:
+    """`argmax(logits, -1) == targets`, ties going to the lowest index as argmax does, as one
+    compare-and-any pass: XLA's CPU backend runs argmax's (value, index) reduction
+    unvectorised, 80 ms of the standard benchmark step against ~10 ms for this."""
+    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)
+    ids = jax.lax.broadcasted_iota(targets.dtype, logits.shape, logits.ndim - 1)
+    beaten = (logits > target_logit) | ((logits == target_logit) & (ids < targets[..., None]))
+    return ~jnp.any(beaten, axis=-1)
+
+
 def loss_sums(logits: Array, targets: Array, weights: Array, label_smoothing: float = 0.0,
               z_loss: float = 0.0) -> dict[str, Array]:
     """Summed weighted cross-entropy, its z-loss part and the correct argmax predictions:
     sums, so they add up across chunks and micro-batches."""
     token_loss, z_part = cross_entropy_with_logits(logits, targets, weights, label_smoothing,
                                                    z_loss)
-    correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32) * weights
+    correct = target_is_argmax(logits, targets).astype(jnp.float32) * weights
     return {"loss_sum": jnp.sum(token_loss), "z_loss_sum": jnp.sum(z_part),
             "correct": jnp.sum(correct)}
 

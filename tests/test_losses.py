@@ -50,3 +50,19 @@ def test_weights_and_normalisation():
     assert float(losses.normalizing_factor(weight_sum, None)) == 1.0
     with pytest.raises(ValueError, match="num_real_target_tokens"):
         losses.normalizing_factor(weight_sum, "tokens")
+
+
+def test_target_is_argmax_matches_numpy_argmax_including_ties():
+    """Small integer logits force many ties: the target counts as predicted only when it is
+    the first maximal index, as numpy's argmax (and the papers' accuracy) has it."""
+    rng = np.random.default_rng(0)
+    logits = rng.integers(0, 3, (6, 50, 7)).astype(np.float32)
+    targets = rng.integers(0, 7, (6, 50)).astype(np.int32)
+    expected = np.argmax(logits, -1) == targets
+    got = np.asarray(losses.target_is_argmax(jnp.asarray(logits), jnp.asarray(targets)))
+    np.testing.assert_array_equal(got, expected)
+    assert 0 < expected.sum() < expected.size  # both outcomes occur
+    # Targets tied with an earlier maximum are not counted; tied with a later one, they are.
+    tied = jnp.asarray([[1.0, 3.0, 3.0, 0.0]])
+    assert not bool(losses.target_is_argmax(tied, jnp.asarray([2]))[0])
+    assert bool(losses.target_is_argmax(tied, jnp.asarray([1]))[0])
