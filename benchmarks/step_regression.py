@@ -1,0 +1,170 @@
+"""Train-step regression check between two commits, interleaved so machine drift cancels.
+
+    python -m benchmarks.step_regression --base HEAD~1 [--rounds 10] [--tolerance 0.03]
+
+A shared CPU VM drifts by ±7 % and more between runs minutes apart, so two benchmark runs one
+after the other cannot show a 3 % regression. This check extracts `--base` (any git revision)
+into a temporary directory and starts one worker process per tree (the base and this
+checkout). Each worker compiles the standard benchmark step (`benchmarks.families`, T5, batch
+8 x 512 + 128, the trainer's own sharded step on one device) once, then waits; the parent
+asks them for one step at a time, alternating A B B A, so both see the same machine. It prints
+the median step of each, the per-round ratio head/base (median and interquartile range) and a
+verdict, writes JSON, and exits 1 on a regression: the head slower in at least three rounds
+of four (the ratios' 25th percentile above 1) by more than `--tolerance` at the median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _worker(batch: int, inputs: int, targets: int) -> None:
+    """Runs inside a tree (its code on sys.path): compile the step, then time one step per
+    'step' line read from stdin, answering with the seconds it took."""
+    import jax
+
+    import t5x_like  # noqa: F401  (the package's host settings, as every entry point has)
+    from benchmarks.families import FAMILIES
+    from t5x_like import optimizers, partitioning, trainer
+
+    family = FAMILIES["t5"]
+    cfg = family.benchmark_config
+    model = family.make_model(cfg, None)
+    lr = optimizers.inverse_sqrt_schedule()
+    optimizer = optimizers.t5_adafactor(lr)
+    mesh = partitioning.make_mesh(mesh_shape=(1, 1), devices=jax.devices()[:1])
+    rules = partitioning.logical_axis_rules("auto", num_partitions=1)
+    layout = trainer.make_layout(model, optimizer, mesh, rules)
+    state = trainer.init_state(model, optimizer, jax.random.key(0), layout)
+    data = partitioning.global_batch(family.make_batch(cfg, batch, inputs, targets), mesh, rules)
+    step = trainer.make_train_step(model, optimizer, lr, layout)
+    rng = jax.random.key(1)
+    with layout.context():
+        compiled = step.lower(state, data, rng).compile()
+    state, metrics = compiled(state, data, rng)
+    metrics["loss"].block_until_ready()
+    print("ready", flush=True)
+    for line in sys.stdin:
+        if line.strip() != "step":
+            break
+        t = time.perf_counter()
+        state, metrics = compiled(state, data, rng)
+        metrics["loss"].block_until_ready()
+        print(f"{time.perf_counter() - t:.6f}", flush=True)
+
+
+class Worker:
+    """A worker process over one source tree."""
+
+    def __init__(self, tree: str, args: argparse.Namespace):
+        env = {**os.environ, "PYTHONPATH": tree,
+               "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")}
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--worker", "--batch", str(args.batch),
+             "--inputs", str(args.inputs), "--targets", str(args.targets)],
+            cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline().strip()
+        if line != "ready":
+            raise SystemExit(f"The worker for {tree} failed to start (see its output above).")
+
+    def step(self) -> float:
+        self.proc.stdin.write("step\n")
+        self.proc.stdin.flush()
+        return float(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def extract(revision: str, into: str) -> str:
+    """`git archive` of `revision` unpacked into `into`; returns its commit hash."""
+    commit = subprocess.run(["git", "rev-parse", "--verify", f"{revision}^{{commit}}"],
+                            cwd=ROOT, capture_output=True, text=True)
+    if commit.returncode:
+        raise SystemExit(f"--base {revision!r} is not a commit here: {commit.stderr.strip()}")
+    archive = subprocess.run(["git", "archive", "--format=tar", commit.stdout.strip()],
+                             cwd=ROOT, capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", into], input=archive.stdout, check=True)
+    return commit.stdout.strip()
+
+
+def verdict(ratios: list[float], tolerance: float) -> dict[str, Any]:
+    q1, median, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    regression = q1 > 1.0 and median > 1.0 + tolerance
+    return {"ratio_median": median, "ratio_q1": q1, "ratio_q3": q3,
+            "regression": regression}
+
+
+def compare(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        base_commit = extract(args.base, tmp)
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                    cwd=ROOT, capture_output=True, text=True).stdout.strip())
+        workers = {"base": Worker(tmp, args), "head": Worker(ROOT, args)}
+        times: dict[str, list[float]] = {"base": [], "head": []}
+        try:
+            for r in range(args.rounds):
+                order = ("base", "head", "head", "base") if r % 2 == 0 else (
+                    "head", "base", "base", "head")
+                for name in order:
+                    times[name].append(workers[name].step())
+        finally:
+            for w in workers.values():
+                w.close()
+    # One ratio per round: the mean of its two head steps over the mean of its two base steps.
+    ratios = [(times["head"][2 * r] + times["head"][2 * r + 1])
+              / (times["base"][2 * r] + times["base"][2 * r + 1]) for r in range(args.rounds)]
+    return {"base": args.base, "base_commit": base_commit,
+            "head_commit": head + ("+uncommitted" if dirty else ""),
+            "rounds": args.rounds, "tolerance": args.tolerance,
+            "base_step_s_median": statistics.median(times["base"]),
+            "head_step_s_median": statistics.median(times["head"]),
+            "base_steps_s": times["base"], "head_steps_s": times["head"], "ratios": ratios,
+            **verdict(ratios, args.tolerance), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", default="HEAD~1", help="git revision to compare against")
+    parser.add_argument("--rounds", type=int, default=10, help="A B B A rounds (>= 4)")
+    parser.add_argument("--tolerance", type=float, default=0.03,
+                        help="slow-down below which no regression is reported")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--inputs", type=int, default=512)
+    parser.add_argument("--targets", type=int, default=128)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", default="benchmarks/results/step_regression.json")
+    args = parser.parse_args(argv)
+    if args.worker:
+        _worker(args.batch, args.inputs, args.targets)
+        return 0
+    if args.rounds < 4:
+        parser.error("--rounds must be at least 4 (the verdict uses quartiles).")
+    result = compare(args)
+    print(f"{'':<8} {'commit':<22} {'median step':>12}")
+    print(f"{'base':<8} {result['base_commit'][:12]:<22} {result['base_step_s_median']:>10.3f} s")
+    print(f"{'head':<8} {result['head_commit'][:22]:<22} {result['head_step_s_median']:>10.3f} s")
+    print(f"head / base per round: median {result['ratio_median']:.3f} "
+          f"(interquartile {result['ratio_q1']:.3f} .. {result['ratio_q3']:.3f})")
+    print("REGRESSION" if result["regression"] else "no regression beyond the noise")
+    from benchmarks import results_io  # here: a worker runs this file inside the base tree
+
+    results_io.write_json(args.out, result)
+    return 1 if result["regression"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
