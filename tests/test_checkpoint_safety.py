@@ -40,6 +40,7 @@ def _copy(run, tmp_path):
     return tmp_path / "run"
 
 
+@pytest.mark.slow  # a training run as its fixture (the default suite must stay under 15 minutes)
 def test_an_interrupted_save_is_ignored_reported_and_removed(finished_run, tmp_path, capsys):
     model_dir = _copy(finished_run, tmp_path)
     checkpoints = model_dir / "checkpoints"

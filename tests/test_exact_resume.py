@@ -26,6 +26,7 @@ def _take(order, n, **kwargs):
     return list(train_data.host_dataset(order, LENGTHS, **kwargs).take(n).as_numpy_iterator())
 
 
+@pytest.mark.slow  # seven pipelines, ~40 s (the default suite must stay under 15 minutes)
 def test_global_batches_are_the_same_on_1_2_and_4_hosts_and_from_any_step():
     order = train_data.DataOrder("offline_span_corruption", batch_size=8, seed=3, data_shards=4)
     one_host = _take(order, 4, process_index=0, process_count=1)

@@ -34,7 +34,8 @@ def _tiny_step(policy, inject=(1,)):
     return state, step, layout.global_batch(batch)
 
 
-@pytest.mark.parametrize("policy", ["skip", "stop", "none"])
+@pytest.mark.parametrize("policy", [pytest.param("skip", marks=pytest.mark.slow), "stop",
+                                    pytest.param("none", marks=pytest.mark.slow)])
 def test_a_nan_step_keeps_the_old_state_under_skip_and_stop(policy):
     state, step, batch = _tiny_step(policy)
     before = jax.device_get(state)
@@ -71,6 +72,7 @@ def _run(tmp_path, *bindings):
                          "--gin.train.checkpoint_every=100", *bindings])
 
 
+@pytest.mark.slow  # a training run (the default suite must stay under 15 minutes)
 def test_stop_policy_saves_the_last_good_state_and_names_step_and_metric(tmp_path, capsys):
     code = _run(tmp_path, "--gin.TRAIN_STEPS=8", "--gin.train.inject_nonfinite_at_steps=(5,)")
     assert code == 3
@@ -80,6 +82,7 @@ def test_stop_policy_saves_the_last_good_state_and_names_step_and_metric(tmp_pat
     assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["4"]
 
 
+@pytest.mark.slow  # a training run (the default suite must stay under 15 minutes)
 def test_skip_policy_drops_the_update_counts_it_and_goes_on(tmp_path, capsys):
     code = _run(tmp_path, "--gin.TRAIN_STEPS=6", "--gin.train.inject_nonfinite_at_steps=(3,)",
                 "--gin.train.nonfinite_policy=skip")

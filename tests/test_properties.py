@@ -5,6 +5,7 @@ example attend to another, and causal masks never show a token its future."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import seqio
 import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
@@ -159,6 +160,7 @@ example_lengths = st.lists(st.tuples(st.integers(1, 20), st.integers(1, 12)), mi
                            max_size=8)
 
 
+@pytest.mark.slow  # 20 tf.data pipelines (~30 s; the default suite must stay under 15 minutes)
 @SETTINGS
 @given(lengths=example_lengths)
 def test_packed_t5_batches_never_attend_across_examples_or_to_the_future(lengths):
@@ -179,6 +181,7 @@ def test_packed_t5_batches_never_attend_across_examples_or_to_the_future(lengths
         _assert_only_own_segment(cross, dec, enc)
 
 
+@pytest.mark.slow  # 20 tf.data pipelines (~30 s; the default suite must stay under 15 minutes)
 @SETTINGS
 @given(lengths=example_lengths)
 def test_packed_decoder_only_masks_hide_the_future_outside_the_prefix(lengths):

@@ -17,8 +17,11 @@ pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulat
 CONFIG = t5.T5Config(vocab_size=256, emb_dim=128, num_heads=8, head_dim=4, mlp_dim=128,
                      num_encoder_layers=1, num_decoder_layers=1, dropout_rate=0.0,
                      logits_via_embedding=False, mlp_activations=("gelu", "linear"))
-LAYOUTS = [((8, 1), "data_parallel"), ((4, 2), "model_parallel"), ((2, 4), "model_parallel"),
-           ((1, 8), "model_parallel"), ((8, 1), "fsdp"), ((4, 2), "fsdp")]
+# One layout of each kind in the default suite; the other meshes in the slow set (a compile each).
+LAYOUTS = [((8, 1), "data_parallel"), ((4, 2), "model_parallel"),
+           pytest.param((2, 4), "model_parallel", marks=pytest.mark.slow),
+           pytest.param((1, 8), "model_parallel", marks=pytest.mark.slow),
+           ((8, 1), "fsdp"), pytest.param((4, 2), "fsdp", marks=pytest.mark.slow)]
 
 
 def _batch(seed=0, batch=8):
@@ -109,7 +112,9 @@ def test_gradient_accumulation_on_three_axis_mesh(reference):
 
 
 @pytest.mark.parametrize("mesh_shape,layout,num_microbatches", [
-    ((1, 1), "data_parallel", 4), ((4, 2), "model_parallel", 2), ((2, 4), "fsdp", 4)])
+    ((1, 1), "data_parallel", 4),
+    pytest.param((4, 2), "model_parallel", 2, marks=pytest.mark.slow),
+    pytest.param((2, 4), "fsdp", 4, marks=pytest.mark.slow)])
 def test_gradient_accumulation_equals_full_batch(reference, mesh_shape, layout,
                                                  num_microbatches):
     ref_state, ref_metrics = reference
