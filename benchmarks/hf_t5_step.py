@@ -6,7 +6,8 @@ and transformers' Adafactor (T5's relative-step settings), on CPU threads.
         --targets 128 --steps 5 --threads 2 --out result.json
 
 Run as its own process so its peak memory (max RSS) is its own; needs the `test` extra
-(torch, transformers).
+(torch, transformers). With `--serve` it times nothing itself: `train_throughput --compare-hf`
+asks it for one step at a time, alternating with its own steps (`benchmarks.interleave`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import json
 import resource
 import statistics
 import time
-from typing import Any
+from typing import Any, Callable
+
+from benchmarks import interleave
 
 
 def hf_config(cfg: dict[str, Any]):
@@ -37,8 +40,10 @@ def hf_config(cfg: dict[str, Any]):
         tie_word_embeddings=cfg["logits_via_embedding"], decoder_start_token_id=0)
 
 
-def run(cfg: dict[str, Any], batch: int, inputs: int, targets: int, steps: int,
-        threads: int) -> dict[str, Any]:
+def make_step(cfg: dict[str, Any], batch: int, inputs: int, targets: int,
+              threads: int) -> tuple[Callable[[], float], dict[str, Any]]:
+    """One HF training step on fixed random tokens (returns the loss), after one warm-up step
+    (allocations, optimizer state), and what describes the run."""
     import torch
     import transformers
     from transformers.optimization import Adafactor
@@ -62,7 +67,17 @@ def run(cfg: dict[str, Any], batch: int, inputs: int, targets: int, steps: int,
         optimizer.zero_grad(set_to_none=True)
         return float(loss)
 
-    step()  # warm-up (allocations, optimizer state)
+    step()
+    info = {"threads": threads, "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "params": sum(p.numel() for p in model.parameters())}
+    return step, info
+
+
+def run(cfg: dict[str, Any], batch: int, inputs: int, targets: int, steps: int,
+        threads: int) -> dict[str, Any]:
+    """`steps` steps one after the other: their median."""
+    step, info = make_step(cfg, batch, inputs, targets, threads)
     times = []
     for _ in range(steps):
         start = time.perf_counter()
@@ -70,9 +85,17 @@ def run(cfg: dict[str, Any], batch: int, inputs: int, targets: int, steps: int,
         times.append(time.perf_counter() - start)
     step_s = statistics.median(times)
     return {"step_s_median": step_s, "tokens_per_s": batch * (inputs + targets) / step_s,
-            "final_loss": loss, "threads": threads, "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "params": sum(p.numel() for p in model.parameters()),
+            "final_loss": loss, **info, "host_max_rss_bytes": peak_rss_bytes()}
+
+
+def serve(cfg: dict[str, Any], batch: int, inputs: int, targets: int,
+          threads: int) -> dict[str, Any]:
+    """Steps on request (`interleave.serve`), for a run that alternates them with ours; the
+    step times are the requester's to keep."""
+    step, info = make_step(cfg, batch, inputs, targets, threads)
+    losses = []
+    interleave.serve(interleave.timed(lambda: losses.append(step())))
+    return {"final_loss": losses[-1] if losses else None, **info,
             "host_max_rss_bytes": peak_rss_bytes()}
 
 
@@ -94,10 +117,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--targets", type=int, default=128)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--serve", action="store_true",
+                        help="time nothing: run one step per 'step' line on stdin and answer "
+                             "with its seconds (benchmarks.interleave); --steps is unused")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    result = run(json.loads(args.config), args.batch, args.inputs, args.targets, args.steps,
-                 args.threads)
+    cfg = json.loads(args.config)
+    if args.serve:
+        result = serve(cfg, args.batch, args.inputs, args.targets, args.threads)
+    else:
+        result = run(cfg, args.batch, args.inputs, args.targets, args.steps, args.threads)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
     return result

@@ -16,7 +16,9 @@ of four (the ratios' 25th percentile above 1) by more than `--tolerance` at the 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
+import importlib.util
 import os
 import statistics
 import subprocess
@@ -28,9 +30,21 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@functools.cache
+def _interleave():
+    """`benchmarks/interleave.py` of this checkout, loaded by path: a worker runs with the base
+    tree first on sys.path, and an old base has no such module."""
+    spec = importlib.util.spec_from_file_location(
+        "_head_interleave", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                         "interleave.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _worker(batch: int, inputs: int, targets: int) -> None:
-    """Runs inside a tree (its code on sys.path): compile the step, then time one step per
-    'step' line read from stdin, answering with the seconds it took."""
+    """Runs inside a tree (its code on sys.path): compile the step, then serve one step per
+    request (`interleave.serve`)."""
     import jax
 
     importlib.import_module("t5x_like")  # its host settings first, as every entry point
@@ -51,40 +65,23 @@ def _worker(batch: int, inputs: int, targets: int) -> None:
     rng = jax.random.key(1)
     with layout.context():
         compiled = step.lower(state, data, rng).compile()
-    state, metrics = compiled(state, data, rng)
-    metrics["loss"].block_until_ready()
-    print("ready", flush=True)
-    for line in sys.stdin:
-        if line.strip() != "step":
-            break
-        t = time.perf_counter()
-        state, metrics = compiled(state, data, rng)
+    holder = {"state": state}
+
+    def one_step() -> None:
+        holder["state"], metrics = compiled(holder["state"], data, rng)
         metrics["loss"].block_until_ready()
-        print(f"{time.perf_counter() - t:.6f}", flush=True)
+
+    one_step()  # warm-up
+    interleave = _interleave()
+    interleave.serve(interleave.timed(one_step))
 
 
-class Worker:
-    """A worker process over one source tree."""
-
-    def __init__(self, tree: str, args: argparse.Namespace):
-        env = {**os.environ, "PYTHONPATH": tree,
-               "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")}
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--worker", "--batch", str(args.batch),
-             "--inputs", str(args.inputs), "--targets", str(args.targets)],
-            cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline().strip()
-        if line != "ready":
-            raise SystemExit(f"The worker for {tree} failed to start (see its output above).")
-
-    def step(self) -> float:
-        self.proc.stdin.write("step\n")
-        self.proc.stdin.flush()
-        return float(self.proc.stdout.readline())
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+def _start_worker(tree: str, args: argparse.Namespace, name: str):
+    env = {**os.environ, "PYTHONPATH": tree, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")}
+    return _interleave().StepServer(
+        [sys.executable, os.path.abspath(__file__), "--worker", "--batch", str(args.batch),
+         "--inputs", str(args.inputs), "--targets", str(args.targets)],
+        cwd=tree, env=env, name=f"{name} worker ({tree})")
 
 
 def extract(revision: str, into: str) -> str:
@@ -100,39 +97,32 @@ def extract(revision: str, into: str) -> str:
 
 
 def verdict(ratios: list[float], tolerance: float) -> dict[str, Any]:
-    q1, median, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
-    regression = q1 > 1.0 and median > 1.0 + tolerance
-    return {"ratio_median": median, "ratio_q1": q1, "ratio_q3": q3,
-            "regression": regression}
+    result = _interleave().quartiles(ratios)
+    result["regression"] = result["ratio_q1"] > 1.0 and result["ratio_median"] > 1.0 + tolerance
+    return result
 
 
 def compare(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         base_commit = extract(args.base, tmp)
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True).stdout.strip()
+        head_commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT,
+                                     capture_output=True, text=True).stdout.strip()
         dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
                                     cwd=ROOT, capture_output=True, text=True).stdout.strip())
-        workers = {"base": Worker(tmp, args), "head": Worker(ROOT, args)}
-        times: dict[str, list[float]] = {"base": [], "head": []}
+        base = _start_worker(tmp, args, "base")
+        head = _start_worker(ROOT, args, "head")
         try:
-            for r in range(args.rounds):
-                order = ("base", "head", "head", "base") if r % 2 == 0 else (
-                    "head", "base", "base", "head")
-                for name in order:
-                    times[name].append(workers[name].step())
+            base_times, head_times, ratios = _interleave().alternate(
+                base.step, head.step, args.rounds)  # ratio: head over base
         finally:
-            for w in workers.values():
-                w.close()
-    # One ratio per round: the mean of its two head steps over the mean of its two base steps.
-    ratios = [(times["head"][2 * r] + times["head"][2 * r + 1])
-              / (times["base"][2 * r] + times["base"][2 * r + 1]) for r in range(args.rounds)]
+            base.close()
+            head.close()
     return {"base": args.base, "base_commit": base_commit,
-            "head_commit": head + ("+uncommitted" if dirty else ""),
+            "head_commit": head_commit + ("+uncommitted" if dirty else ""),
             "rounds": args.rounds, "tolerance": args.tolerance,
-            "base_step_s_median": statistics.median(times["base"]),
-            "head_step_s_median": statistics.median(times["head"]),
-            "base_steps_s": times["base"], "head_steps_s": times["head"], "ratios": ratios,
+            "base_step_s_median": statistics.median(base_times),
+            "head_step_s_median": statistics.median(head_times),
+            "base_steps_s": base_times, "head_steps_s": head_times, "ratios": ratios,
             **verdict(ratios, args.tolerance), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 

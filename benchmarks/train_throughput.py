@@ -17,7 +17,9 @@ MFU = (model FLOPs per step / step time) / peak FLOP/s. Model FLOPs are the hand
 `t5x_like.flops` (matmuls incl. attention scores and the vocabulary projection, x3 for
 training; embedding lookups are not FLOPs), the same for every compilation of the step; XLA's
 own count is printed beside it (it counts a loop body once, so a chunked loss or scanned layers
-look cheaper to it). On accelerators the peak is the chip's datasheet dense bf16 rate
+look cheaper to it). `--compare-hf` times HuggingFace's PyTorch T5 of the same dimensions in
+a second process, its steps alternating with ours A B B A (`benchmarks.interleave`), so the
+speed ratio is taken round by round on the same machine state. On accelerators the peak is the chip's datasheet dense bf16 rate
 (`t5x_like.hardware`) times the devices; on CPUs, where no datasheet peak applies, it is
 measured here as the best rate of a 2048² matmul in the same dtype, so the number means
 "fraction of what this machine can do in a matmul"; also on an accelerator missing from the
@@ -32,7 +34,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,7 +41,7 @@ from typing import Any
 
 import jax
 
-from benchmarks import hf_t5_step, op_profile, results_io
+from benchmarks import hf_t5_step, interleave, op_profile, results_io
 from benchmarks.families import FAMILIES
 from t5x_like import flops, hardware, optimizers, partitioning, trainer
 from t5x_like.config import load_model_config
@@ -52,10 +53,13 @@ BENCHMARK_CONFIG = FAMILIES["t5"].benchmark_config
 def run(cfg: Any, batch: int, inputs: int, targets: int, steps: int,
         mesh_shape: tuple[int, int] | None = None, layout_name: str = "auto",
         loss_chunk_length: int | None = None, profile_dir: str | None = None,
-        nonfinite_policy: str = "stop") -> dict[str, Any]:
+        nonfinite_policy: str = "stop",
+        alongside: interleave.StepServer | None = None) -> dict[str, Any]:
     """Time the trainer's own sharded step (the one `t5x_like.train` runs) on the given mesh,
     for the family `cfg` belongs to; with `profile_dir`, also trace two more steps there and
-    summarise their XLA ops (`benchmarks.op_profile`)."""
+    summarise their XLA ops (`benchmarks.op_profile`). With `alongside` (another process's
+    step), `steps` rounds alternate the two (`benchmarks.interleave`): `interleaved` holds the
+    other's times and the per-round ratio other / ours (> 1: ours is faster)."""
     family = next(f for f in FAMILIES.values() if isinstance(cfg, f.config_class))
     model = family.make_model(cfg, loss_chunk_length)
     lr = optimizers.inverse_sqrt_schedule()
@@ -77,26 +81,28 @@ def run(cfg: Any, batch: int, inputs: int, targets: int, steps: int,
         compiled = step_fn.lower(state, data, rng).compile()
     compile_s = time.perf_counter() - t
 
-    state, metrics = compiled(state, data, rng)  # warm-up
-    metrics["loss"].block_until_ready()
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        state, metrics = compiled(state, data, rng)
-        metrics["loss"].block_until_ready()
-        times.append(time.perf_counter() - t)
+    holder = {"state": state}
+
+    def one_step() -> None:
+        holder["state"], holder["metrics"] = compiled(holder["state"], data, rng)
+        holder["metrics"]["loss"].block_until_ready()
+
+    one_step()  # warm-up
+    interleaved = None
+    if alongside is None:
+        times = [interleave.timed(one_step)() for _ in range(steps)]
+    else:  # `steps` rounds A B B A against the other process's step
+        times, other_times, ratios = interleave.alternate(interleave.timed(one_step),
+                                                          alongside.step, steps)
+        interleaved = {"rounds": steps, "other_steps_s": other_times, "ratios": ratios,
+                       "other_step_s_median": statistics.median(other_times),
+                       **interleave.quartiles(ratios)}
     step_s = statistics.median(times)
-    loss = metrics["loss"]
+    loss = holder["metrics"]["loss"]
     op_profile_summary = None
     if profile_dir:
-        holder = {"state": state}
-
-        def one_step():
-            holder["state"], m = compiled(holder["state"], data, rng)
-            m["loss"].block_until_ready()
-
         op_profile_summary = op_profile.profile(one_step, profile_dir)
-        state = holder["state"]
+    state = holder["state"]
     params = state.params
 
     cost = compiled.cost_analysis()
@@ -137,6 +143,7 @@ def run(cfg: Any, batch: int, inputs: int, targets: int, steps: int,
         "host_max_rss_bytes": hf_t5_step.peak_rss_bytes(),
         "final_loss": float(loss),
         "op_profile": op_profile_summary,
+        "interleaved": interleaved,
         "device": str(jax.devices()[0].device_kind),
         "num_devices": jax.device_count(),
         "mesh": dict(mesh.shape),
@@ -178,20 +185,26 @@ def print_table(result: dict[str, Any]) -> None:
         print(f"{k:<{width}}  {v}")
 
 
-def time_hf_reference(result: dict[str, Any], steps: int) -> dict[str, Any]:
-    """HuggingFace's PyTorch T5 of the same dimensions and batch, timed in its own process
-    (`benchmarks.hf_t5_step`) with as many threads as this host has cores."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "hf.json")
-        subprocess.run([sys.executable, "-m", "benchmarks.hf_t5_step",
-                        "--config", json.dumps(result["config"]), "--batch", str(result["batch"]),
-                        "--inputs", str(result["inputs"]), "--targets", str(result["targets"]),
-                        "--steps", str(steps), "--threads", str(os.cpu_count() or 1),
-                        "--out", out], check=True)
-        with open(out) as f:
-            hf = json.load(f)
-    hf["mfu"] = result["flops_per_step"] / hf["step_s_median"] / result["peak_matmul_flops_per_s"]
-    return hf
+def start_hf_reference(cfg: T5Config, batch: int, inputs: int, targets: int,
+                       out: str) -> interleave.StepServer:
+    """HuggingFace's PyTorch T5 of the same dimensions and batch in its own process
+    (`benchmarks.hf_t5_step --serve`, as many threads as this host has cores), built and warmed
+    up, waiting to be asked for steps; it writes its description to `out` when closed."""
+    server = interleave.StepServer(
+        [sys.executable, "-m", "benchmarks.hf_t5_step", "--serve",
+         "--config", json.dumps(cfg.to_json()), "--batch", str(batch), "--inputs", str(inputs),
+         "--targets", str(targets), "--threads", str(os.cpu_count() or 1), "--out", out],
+        name="HuggingFace reference")
+    server.wait_ready()  # before our compile, so neither slows the other's start
+    return server
+
+
+def hf_result(result: dict[str, Any], described: dict[str, Any]) -> dict[str, Any]:
+    """The reference column: HF's step times as measured in the interleaved run."""
+    step_s = result["interleaved"]["other_step_s_median"]
+    return {**described, "step_s_median": step_s,
+            "tokens_per_s": result["batch"] * (result["inputs"] + result["targets"]) / step_s,
+            "mfu": result["flops_per_step"] / step_s / result["peak_matmul_flops_per_s"]}
 
 
 def print_hf_comparison(result: dict[str, Any]) -> None:
@@ -207,8 +220,10 @@ def print_hf_comparison(result: dict[str, Any]) -> None:
     print()
     for what, ours, theirs in rows:
         print(f"{what:<18}  {ours:>18}  {theirs:>22}")
-    print(f"speed ratio (t5x_like / HF tokens/s): "
-          f"{result['tokens_per_s'] / hf['tokens_per_s']:.2f}x")
+    rounds = result["interleaved"]
+    print(f"speed ratio (t5x_like / HF tokens/s), per round of {rounds['rounds']} interleaved "
+          f"A B B A rounds: median {rounds['ratio_median']:.3f}x "
+          f"(interquartile {rounds['ratio_q1']:.3f} .. {rounds['ratio_q3']:.3f})")
 
 
 def model_config(args: argparse.Namespace) -> Any:
@@ -268,17 +283,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
 
     cfg = model_config(args)
+    if args.compare_hf and not isinstance(cfg, T5Config):
+        parser.error("--compare-hf times HuggingFace's T5; use it with --family t5.")
+    if args.compare_hf and args.steps < 2:
+        parser.error("--compare-hf needs --steps >= 2 (rounds; the ratio's spread uses "
+                     "quartiles).")
     mesh_shape = tuple(int(x) for x in args.mesh_shape.split(",")) if args.mesh_shape else None
-    result = run(cfg, args.batch, args.inputs, args.targets, args.steps, mesh_shape,
-                 args.layout, args.loss_chunk_length, args.profile, args.nonfinite_policy)
+    with tempfile.TemporaryDirectory() as tmp:
+        hf_out = os.path.join(tmp, "hf.json")
+        hf = (start_hf_reference(cfg, args.batch, args.inputs, args.targets, hf_out)
+              if args.compare_hf else None)
+        try:
+            result = run(cfg, args.batch, args.inputs, args.targets, args.steps, mesh_shape,
+                         args.layout, args.loss_chunk_length, args.profile,
+                         args.nonfinite_policy, alongside=hf)
+        finally:
+            if hf is not None:
+                hf.close()
+        if hf is not None:
+            with open(hf_out) as f:
+                result["hf"] = hf_result(result, json.load(f))
     result["config"] = cfg.to_json()
     print_table(result)
     if result["op_profile"]:
         op_profile.print_profile(result["op_profile"])
-    if args.compare_hf:
-        if not isinstance(cfg, T5Config):
-            parser.error("--compare-hf times HuggingFace's T5; use it with --family t5.")
-        result["hf"] = time_hf_reference(result, args.steps)
+    if "hf" in result:
         print_hf_comparison(result)
     results_io.write_json(args.out, result)
     return result

@@ -30,13 +30,20 @@ def test_benchmark_reports_and_writes_json(tmp_path):
 
 @pytest.mark.slow  # imports torch + transformers in a second process
 def test_huggingface_reference_column(tmp_path, capsys):
-    """--compare-hf times transformers' T5 of the same dimensions: same parameter count (the
-    same model), its own step time and memory, and the speed ratio printed."""
+    """--compare-hf times transformers' T5 of the same dimensions, its steps alternating with
+    ours: same parameter count (the same model), its own step times and memory, and the speed
+    ratio per round printed."""
     out = tmp_path / "bench.json"
     result = train_throughput.main(TINY + ["--compare-hf", "--out", str(out)])
-    hf = json.loads(out.read_text())["hf"]
+    saved = json.loads(out.read_text())
+    hf, rounds = saved["hf"], saved["interleaved"]
     assert hf["params"] == result["params"]
     assert hf["tokens_per_s"] > 0 and hf["host_max_rss_bytes"] > 0 and 0 < hf["mfu"] < 1.5
+    assert hf["final_loss"] > 0
+    assert rounds["rounds"] == 2 and len(rounds["other_steps_s"]) == 4  # A B B A, B A A B
+    assert hf["step_s_median"] == np.median(rounds["other_steps_s"])
+    assert len(rounds["ratios"]) == 2
+    assert rounds["ratio_q1"] <= rounds["ratio_median"] <= rounds["ratio_q3"]
     assert "speed ratio (t5x_like / HF tokens/s)" in capsys.readouterr().out
 
 
