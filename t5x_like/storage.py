@@ -2,7 +2,7 @@
 
 A run's MODEL_DIR, a TFDS data_dir, evaluation outputs and reports may live on Cloud Storage
 (the TPU VM workers share nothing else). Every small file this codebase writes or reads beside
-the checkpoints goes through `tf.io.gfile`, which serves local paths, `gs://` and TensorFlow's
+the checkpoints goes through `_tf().io.gfile`, which serves local paths, `gs://` and TensorFlow's
 other filesystems (`ram://` is what the tests use) alike. Orbax, TensorBoard and TFDS handle
 `gs://` themselves and are handed the path unchanged; `os.path.join` builds paths (POSIX
 '/'-joining suits URLs too).
@@ -10,12 +10,25 @@ other filesystems (`ram://` is what the tests use) alike. Orbax, TensorBoard and
 
 from __future__ import annotations
 
+import functools
 import os
+from typing import Any
 
-import tensorflow as tf
 
-# What a failed file operation raises: OSError locally, tf.errors.* through gfile.
-ERRORS = (OSError, tf.errors.OpError)
+@functools.cache
+def _tf() -> Any:
+    """TensorFlow, imported on first file access: the import costs ~0.9 GB of host memory and
+    seconds, which a process that never touches a file here (a benchmark's step, a test of the
+    model) should not pay."""
+    import tensorflow as tf
+
+    return tf
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ERRORS":  # what a failed file operation raises: OSError, or tf.errors.* via gfile
+        return (OSError, _tf().errors.OpError)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def is_remote(path: str) -> bool:
@@ -30,23 +43,23 @@ def resolve(path: str) -> str:
 
 
 def exists(path: str) -> bool:
-    return tf.io.gfile.exists(path)
+    return _tf().io.gfile.exists(path)
 
 
 def isdir(path: str) -> bool:
-    return tf.io.gfile.isdir(path)
+    return _tf().io.gfile.isdir(path)
 
 
 def makedirs(path: str) -> None:
-    tf.io.gfile.makedirs(path)
+    _tf().io.gfile.makedirs(path)
 
 
 def remove(path: str) -> None:
-    tf.io.gfile.remove(path)
+    _tf().io.gfile.remove(path)
 
 
 def read_text(path: str) -> str:
-    with tf.io.gfile.GFile(path, "r") as f:
+    with _tf().io.gfile.GFile(path, "r") as f:
         return f.read()
 
 
@@ -57,39 +70,39 @@ def write_text(path: str, text: str) -> None:
     if directory:
         makedirs(directory)
     tmp = f"{path}.tmp-{os.getpid()}"
-    with tf.io.gfile.GFile(tmp, "w") as f:
+    with _tf().io.gfile.GFile(tmp, "w") as f:
         f.write(text)
-    tf.io.gfile.rename(tmp, path, overwrite=True)
+    _tf().io.gfile.rename(tmp, path, overwrite=True)
 
 
 def write_bytes(path: str, data: bytes) -> None:
     directory = os.path.dirname(path)
     if directory:
         makedirs(directory)
-    with tf.io.gfile.GFile(path, "wb") as f:
+    with _tf().io.gfile.GFile(path, "wb") as f:
         f.write(data)
 
 
 def copy_tree(source: str, destination: str) -> None:
     """Copy a directory tree (e.g. a profiler trace written locally) to `destination`."""
-    for directory, _, files in tf.io.gfile.walk(source):
+    for directory, _, files in _tf().io.gfile.walk(source):
         relative = os.path.relpath(directory, source)
         target = destination if relative == "." else os.path.join(destination, relative)
         makedirs(target)
         for name in files:
-            tf.io.gfile.copy(os.path.join(directory, name), os.path.join(target, name),
+            _tf().io.gfile.copy(os.path.join(directory, name), os.path.join(target, name),
                              overwrite=True)
 
 
 def file_sizes(root: str) -> dict[str, int]:
     """{path relative to `root`: size in bytes} of every file under `root`."""
     sizes = {}
-    for directory, _, files in tf.io.gfile.walk(root):
+    for directory, _, files in _tf().io.gfile.walk(root):
         for name in files:
             path = os.path.join(directory, name)
-            sizes[os.path.relpath(path, root)] = tf.io.gfile.stat(path).length
+            sizes[os.path.relpath(path, root)] = _tf().io.gfile.stat(path).length
     return sizes
 
 
 def listdir(path: str) -> list[str]:
-    return tf.io.gfile.listdir(path) if tf.io.gfile.isdir(path) else []
+    return _tf().io.gfile.listdir(path) if _tf().io.gfile.isdir(path) else []

@@ -81,3 +81,22 @@ def test_freed_memory_is_reused_without_page_faults():
     assert _page_faults_reallocating(None) < pages_per_round // 100
     # The opt-out restores glibc's default, which faults every page in each round.
     assert _page_faults_reallocating("default") > pages_per_round
+
+
+STEP_ONLY = """
+import sys
+from t5x_like import trainer, optimizers, partitioning, storage
+from t5x_like.models import encoder_decoder, decoder_only, bert_models
+print(sorted(m for m in ('tensorflow', 'seqio', 'tensorflow_datasets') if m in sys.modules))
+storage.exists('.')  # the first file access brings TensorFlow in (gfile serves gs:// too)
+print('tensorflow' in sys.modules)
+"""
+
+
+def test_a_process_that_only_runs_steps_does_not_import_tensorflow():
+    """TensorFlow (and seqio, which imports it) costs ~0.9 GB of host memory: only the data
+    pipeline and file access need it, so the trainer and the models import it lazily."""
+    out = subprocess.run([sys.executable, "-c", STEP_ONLY], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout.split("\n")
+    assert out[0] == "[]"
+    assert out[1] == "True"

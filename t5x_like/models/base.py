@@ -17,10 +17,12 @@ heads all satisfy this protocol, so `trainer` and `train` hold no family-specifi
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 import jax
-import seqio
+
+if TYPE_CHECKING:  # seqio imports TensorFlow (~0.9 GB): only the data pipeline needs it
+    import seqio
 
 Array = jax.Array
 Batch = Mapping[str, Array]

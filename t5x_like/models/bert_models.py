@@ -14,15 +14,27 @@ feature converter that builds its batches:
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import flax.linen as nn
 import gin
 import jax
 import jax.numpy as jnp
 
-from t5x_like import bert_features, losses
+from t5x_like import losses
 from t5x_like.models import bert
+
+if TYPE_CHECKING:
+    from t5x_like import bert_features
+
+
+def _features() -> Any:
+    """`t5x_like.bert_features`, imported when a data pipeline asks for a converter: it builds
+    on seqio, which imports TensorFlow (~0.9 GB of host memory) the model itself never needs."""
+    from t5x_like import bert_features
+
+    return bert_features
+
 
 Array = jax.Array
 Batch = Mapping[str, Array]
@@ -85,7 +97,7 @@ class BertPretrainingModel(_BertWrapper):
 
     def feature_converter(self, pack: bool) -> bert_features.PretrainingFeatureConverter:
         del pack  # BERT's examples are single sentence pairs, never packed
-        return bert_features.PretrainingFeatureConverter()
+        return _features().PretrainingFeatureConverter()
 
     def loss_sums(self, params: Params, batch: Batch,
                   dropout_rng: Array | None = None) -> dict[str, Array]:
@@ -161,7 +173,7 @@ class BertClassifierModel(_ExampleLossModel):
 
     def feature_converter(self, pack: bool) -> bert_features.ClassificationFeatureConverter:
         del pack
-        return bert_features.ClassificationFeatureConverter()
+        return _features().ClassificationFeatureConverter()
 
     @property
     def is_regression(self) -> bool:
@@ -200,7 +212,7 @@ class BertMultipleChoiceModel(_ExampleLossModel):
 
     def feature_converter(self, pack: bool) -> bert_features.MultipleChoiceFeatureConverter:
         del pack
-        return bert_features.MultipleChoiceFeatureConverter(self.num_choices)
+        return _features().MultipleChoiceFeatureConverter(self.num_choices)
 
     def loss_sums(self, params: Params, batch: Batch,
                   dropout_rng: Array | None = None) -> dict[str, Array]:
@@ -225,7 +237,7 @@ class BertSpanModel(_ExampleLossModel):
 
     def feature_converter(self, pack: bool) -> bert_features.SpanFeatureConverter:
         del pack
-        return bert_features.SpanFeatureConverter()
+        return _features().SpanFeatureConverter()
 
     def loss_sums(self, params: Params, batch: Batch,
                   dropout_rng: Array | None = None) -> dict[str, Array]:
@@ -262,7 +274,7 @@ class BertTaggerModel(_BertWrapper):
 
     def feature_converter(self, pack: bool) -> bert_features.TaggingFeatureConverter:
         del pack
-        return bert_features.TaggingFeatureConverter()
+        return _features().TaggingFeatureConverter()
 
     def loss_sums(self, params: Params, batch: Batch,
                   dropout_rng: Array | None = None) -> dict[str, Array]:

@@ -8,17 +8,19 @@ seqio's `EncDecFeatureConverter` produces (`encoder_input_tokens`, `decoder_inpu
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import flax.linen as nn
 import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
-import seqio
 
 from t5x_like import decoding, losses
 from t5x_like.models import base, t5
+
+if TYPE_CHECKING:
+    import seqio
 
 Array = jax.Array
 Batch = Mapping[str, Array]
@@ -72,6 +74,8 @@ class EncoderDecoderModel:
             enable_dropout=dropout_rng is not None, rngs=rngs, return_hidden=return_hidden)
 
     def feature_converter(self, pack: bool) -> seqio.FeatureConverter:
+        import seqio  # here: it imports TensorFlow, which the model itself never needs
+
         return seqio.EncDecFeatureConverter(pack=pack)
 
     @staticmethod
