@@ -1,5 +1,6 @@
-"""`layers.add_shared_bias` is `logits + bias` with a restructured backward pass: the same
-values and gradients as the plain sum (for a batch-broadcast bias, in float32 and bfloat16)."""
+"""`layers.add_shared_bias` is `logits + bias` and `layers.gather_buckets` is `jnp.take`, each
+with a restructured backward pass: the same values and gradients as the plain operation (for a
+batch-broadcast bias, in float32 and bfloat16; for T5's bucketed relative positions)."""
 
 import jax
 import jax.numpy as jnp
@@ -26,3 +27,25 @@ def test_same_values_and_gradients_as_the_plain_sum(dtype, tol):
         assert got.shape == want.shape and got.dtype == want.dtype
         np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
                                    rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_bucket_gather_has_the_values_and_gradient_of_take(bidirectional):
+    """The relative-position table read through T5's buckets (every bucket used many times,
+    some never): values equal `jnp.take`'s exactly, the gradient (a one-hot product instead of
+    a scatter-add) equal up to float32 summation order."""
+    positions = np.arange(40)
+    buckets = jnp.asarray(layers.relative_position_bucket(
+        positions[None, :] - positions[:, None], bidirectional, 32, 16), jnp.int32)
+    table = jax.random.normal(jax.random.key(0), (3, 32))
+    weights = jax.random.normal(jax.random.key(1), (3, 40, 40))
+
+    def loss(gather):
+        return lambda t: jnp.sum(jnp.tanh(gather(t)) * weights)
+
+    np.testing.assert_array_equal(layers.gather_buckets(table, buckets),
+                                  jnp.take(table, buckets, axis=1))
+    ours = jax.jit(jax.grad(loss(lambda t: layers.gather_buckets(t, buckets))))(table)
+    plain = jax.jit(jax.grad(loss(lambda t: jnp.take(t, buckets, axis=1))))(table)
+    assert np.count_nonzero(np.asarray(plain) == 0) > 0  # buckets no offset reaches
+    np.testing.assert_allclose(ours, plain, rtol=1e-5, atol=1e-6)

@@ -301,12 +301,40 @@ def relative_position_bucket(relative_position: np.ndarray, bidirectional: bool 
         n = np.maximum(n, 0)
     max_exact = num_buckets // 2
     is_small = n < max_exact
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore"):  # log(0) -> -inf, never selected
         val_if_large = max_exact + (
             np.log(n.astype(np.float32) / max_exact + np.finfo(np.float32).eps)
             / np.log(max_distance / max_exact) * (num_buckets - max_exact)).astype(np.int64)
     val_if_large = np.minimum(val_if_large, num_buckets - 1)
     return ret + np.where(is_small, n, val_if_large)
+
+
+@jax.custom_vjp
+def gather_buckets(table: Array, buckets: Array) -> Array:
+    """`table[:, buckets]`: (heads, num_buckets) -> (heads, q, k). Same values and gradient as
+    `jnp.take`; the gradient is a matrix product with the one-hot buckets over (q, k) in the
+    natural layout. A gather's own backward (a scatter-add) made XLA's CPU backend transpose
+    the (heads, q, k) gradient inside the fusion that sums it over the batch and the layers, a
+    cache-hostile loop that took ~8 % of the benchmark step."""
+    return jnp.take(table, buckets, axis=1)
+
+
+def _gather_buckets_fwd(table: Array, buckets: Array) -> tuple[Array, tuple[Array, Array]]:
+    return jnp.take(table, buckets, axis=1), (table, buckets)
+
+
+def _gather_buckets_bwd(saved: tuple[Array, Array], grad: Array) -> tuple[Array, None]:
+    table, buckets = saved
+    heads, num_buckets = table.shape
+    one_hot = jax.nn.one_hot(buckets.reshape(-1), num_buckets, dtype=grad.dtype)  # (q*k, n)
+    # One 2-D product over the flattened (q, k) (an N-D contraction let XLA pick a transposed
+    # layout for it). HIGHEST: float32 also where matmuls default to bfloat16 passes or TF32.
+    table_grad = jnp.matmul(grad.reshape(heads, -1), one_hot,
+                            precision=jax.lax.Precision.HIGHEST)
+    return table_grad.astype(table.dtype), None
+
+
+gather_buckets.defvjp(_gather_buckets_fwd, _gather_buckets_bwd)
 
 
 class RelativePositionBias(nn.Module):
@@ -329,7 +357,7 @@ class RelativePositionBias(nn.Module):
                                            self.num_buckets, self.max_distance)
         table = _param(self, "rel_embedding", fan_in_normal(),
                        (self.num_heads, self.num_buckets), ("heads", "relpos_buckets"))
-        bias = jnp.take(table, jnp.asarray(buckets), axis=1)  # (heads, q, k)
+        bias = gather_buckets(table, jnp.asarray(buckets, jnp.int32))  # (heads, q, k)
         return bias[None].astype(self.dtype)  # (1, heads, q, k)
 
 
