@@ -65,7 +65,7 @@ def make_step(cfg: dict[str, Any], batch: int, inputs: int, targets: int,
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return float(loss)
+        return float(loss.detach())  # (float() of a tensor that needs grad warns)
 
     step()
     info = {"threads": threads, "torch": torch.__version__,

@@ -19,11 +19,11 @@ training; embedding lookups are not FLOPs), the same for every compilation of th
 own count is printed beside it (it counts a loop body once, so a chunked loss or scanned layers
 look cheaper to it). `--compare-hf` times HuggingFace's PyTorch T5 of the same dimensions in
 a second process, its steps alternating with ours A B B A (`benchmarks.interleave`), so the
-speed ratio is taken round by round on the same machine state. On accelerators the peak is the chip's datasheet dense bf16 rate
-(`t5x_like.hardware`) times the devices; on CPUs, where no datasheet peak applies, it is
-measured here as the best rate of a 2048² matmul in the same dtype, so the number means
-"fraction of what this machine can do in a matmul"; also on an accelerator missing from the
-table.
+speed ratio is taken round by round on the same machine state. On accelerators the peak is
+the chip's datasheet dense bf16 rate (`t5x_like.hardware`) times the devices; on CPUs, where
+no datasheet peak applies, it is measured here as the best rate of a 2048² matmul in the same
+dtype, so the number means "fraction of what this machine can do in a matmul"; also on an
+accelerator missing from the table.
 """
 
 from __future__ import annotations

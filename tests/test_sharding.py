@@ -103,6 +103,7 @@ def test_three_axis_hybrid_fsdp_equals_single_device(reference):
     assert tuple(layout.batch_sharding.spec) == (("data", "fsdp"),)
 
 
+@pytest.mark.slow  # (default suite under 15 min: the three-axis step and accumulation stay there)
 def test_gradient_accumulation_on_three_axis_mesh(reference):
     ref_state, ref_metrics = reference
     state, metrics, _ = _one_step((2, 2, 2), "hybrid_fsdp", num_microbatches=2,
@@ -132,6 +133,7 @@ def test_micro_batches_that_do_not_split_over_the_data_devices_are_refused():
         _one_step((4, 2), "model_parallel", num_microbatches=4)
 
 
+@pytest.mark.slow  # three sharded steps and two checkpoints (default suite under 15 minutes)
 def test_checkpoint_restores_across_meshes(tmp_path, reference):
     """2x4 -> 4x2 (FSDP) -> 1 device -> back to 2x4, values identical at every hop."""
     state, _, _ = _one_step((2, 4), "model_parallel")

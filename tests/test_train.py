@@ -85,7 +85,7 @@ def test_killed_run_resumes_from_newest_checkpoint(tmp_path):
     assert max(int(d) for d in os.listdir(ckpts) if d.isdigit()) == saved + 5
 
 
-@pytest.mark.slow  # a training run, then two refused resumes (the default suite must stay under 15 minutes)
+@pytest.mark.slow  # a training run, then two refused resumes (default suite under 15 minutes)
 def test_resume_with_another_model_is_refused(tmp_path, capsys):
     """(The first run trains with scanned layers, sharded over the simulated devices.)"""
     model_dir = tmp_path / "run"
