@@ -21,6 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
+from t5x_like.models import flash_attention
+
 Array = jax.Array
 Initializer = Callable[..., Array]
 DType = jnp.dtype
@@ -105,13 +107,19 @@ def check_remat_policy(policy: str) -> None:
 # 'dot_product_attention': `jax.nn.dot_product_attention`, which picks cuDNN's fused flash
 # attention on NVIDIA GPUs (relative bias and masks included) and XLA elsewhere. Attention
 # dropout is not fused: with dropout active a layer runs the reference path.
-ATTENTION_IMPLEMENTATIONS = ("xla", "dot_product_attention")
+# 'flash': the Pallas kernel of `flash_attention`, T5's relative bias computed inside it (T5
+# only; decoding with a cache and attention dropout run the reference path).
+ATTENTION_IMPLEMENTATIONS = ("xla", "dot_product_attention", "flash")
 
 
-def check_attention_implementation(name: str) -> None:
+def check_attention_implementation(name: str, flash: bool = False) -> None:
+    """`flash`: whether the model family builds the structured masks the kernel takes."""
     if name not in ATTENTION_IMPLEMENTATIONS:
         raise ValueError(f"attention_implementation={name!r}; choose one of "
                          f"{ATTENTION_IMPLEMENTATIONS}.")
+    if name == "flash" and not flash:
+        raise ValueError("attention_implementation='flash' is implemented for T5 only; use "
+                         "'dot_product_attention' (cuDNN on GPU) or 'xla' for this model.")
 
 
 def remat(layer: type[nn.Module], policy: str, static_argnums: tuple[int, ...]
@@ -350,7 +358,16 @@ class RelativePositionBias(nn.Module):
     dtype: DType = jnp.float32
 
     @nn.compact
-    def __call__(self, q_len: int, k_len: int) -> Array:
+    def __call__(self, q_len: int, k_len: int,
+                 structured: bool = False) -> Array | flash_attention.FlashBias:
+        """(1, heads, q, k), or with `structured` the table and bucketing for the flash
+        kernel to expand itself."""
+        if structured:
+            table = _param(self, "rel_embedding", fan_in_normal(),
+                           (self.num_heads, self.num_buckets), ("heads", "relpos_buckets"))
+            spec = flash_attention.RelativeBias(self.num_buckets, self.max_distance,
+                                                self.bidirectional)
+            return flash_attention.FlashBias(table.astype(jnp.float32), spec)
         context = np.arange(q_len)[:, None]
         memory = np.arange(k_len)[None, :]
         buckets = relative_position_bucket(memory - context, self.bidirectional,
@@ -428,7 +445,9 @@ class MultiHeadAttention(nn.Module):
             key, value, mask, bias = self._update_cache(key, value, mask, bias)
 
         dropout = self.dropout_rate > 0 and not deterministic
-        if self.implementation == "dot_product_attention" and not dropout:
+        if isinstance(mask, flash_attention.FlashMask):  # the model chose the kernel
+            out = flash_attention.attend(query, key, value, mask, bias).astype(self.dtype)
+        elif self.implementation == "dot_product_attention" and not dropout:
             # jax's fused attention (cuDNN flash attention on GPU where it applies, XLA
             # elsewhere): T5's relative bias and any mask go in as they are; no 1/sqrt(d)
             # scale (T5 folds it into the query init, BERT/GPT applied it above). The bias

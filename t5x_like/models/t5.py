@@ -7,6 +7,7 @@ tree reads the same as the checkpoints users already know.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, Sequence
 
 import flax.linen as nn
@@ -15,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_like.models import layers
+from t5x_like.models import flash_attention, layers
 
 Array = jax.Array
 
@@ -70,7 +71,7 @@ class T5Config:
         # Gin hands lists; keep the config hashable so it can be a static jit argument.
         object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
         layers.check_remat_policy(self.remat_policy)
-        layers.check_attention_implementation(self.attention_implementation)
+        layers.check_attention_implementation(self.attention_implementation, flash=True)
         if self.shared_encoder_decoder and self.remat_policy != "none":
             raise ValueError("remat_policy needs shared_encoder_decoder=False: a shared layer "
                              "runs the decoder's cross-attention inside it, which a "
@@ -201,7 +202,7 @@ class Encoder(nn.Module):
     def __call__(self, tokens: Array, mask: Array, deterministic: bool) -> Array:
         x = _constrain(self.dropout(self.shared_embedding(tokens), deterministic=deterministic))
         length = tokens.shape[-1]
-        bias = self.relpos_bias(length, length)
+        bias = self.relpos_bias(length, length, isinstance(mask, flash_attention.FlashMask))
         if self.cfg.scan_layers:
             x, _ = self.layers(x, mask, bias, deterministic, False, None)
         else:
@@ -233,7 +234,8 @@ class Decoder(nn.Module):
         x = _constrain(dropout(self.shared_embedding(decoder_input_tokens),
                                deterministic=deterministic))
         length = max_decode_length if decode and max_decode_length else x.shape[-2]
-        bias = _relpos(cfg, bidirectional=False)(length, length)
+        structured = isinstance(self_mask, flash_attention.FlashMask)
+        bias = _relpos(cfg, bidirectional=False)(length, length, structured)
         if cfg.scan_layers:
             stack = layers.scanned_stack(DecoderLayer, cfg.num_decoder_layers, cfg.remat_policy,
                                          (6, 7), num_args=6)(cfg, name=layers.SCANNED_STACK)
@@ -307,9 +309,22 @@ class Transformer(nn.Module):
         self.decoder = Decoder(cfg, self.token_embedder,
                                self.encoder if cfg.shared_encoder_decoder else None)
 
+    def _flash(self, enable_dropout: bool) -> bool:
+        """Whether attention runs the flash kernel: chosen, and no attention dropout (the
+        kernel has none)."""
+        cfg = self.config
+        return cfg.attention_implementation == "flash" and not (enable_dropout
+                                                                 and cfg.dropout_rate > 0)
+
     def encode(self, encoder_input_tokens: Array, encoder_segment_ids: Array | None = None,
                enable_dropout: bool = False) -> Array:
-        mask = encoder_self_mask(encoder_input_tokens, encoder_segment_ids)
+        if self._flash(enable_dropout):
+            real = encoder_input_tokens > 0
+            mask = flash_attention.FlashMask(
+                flash_attention.ids_from_segments(real, encoder_segment_ids, -1),
+                flash_attention.ids_from_segments(real, encoder_segment_ids, -2))
+        else:
+            mask = encoder_self_mask(encoder_input_tokens, encoder_segment_ids)
         return self.encoder(encoder_input_tokens, mask, deterministic=not enable_dropout)
 
     def decode(self, encoded: Array, encoder_input_tokens: Array, decoder_input_tokens: Array,
@@ -321,6 +336,12 @@ class Transformer(nn.Module):
             # One new position per call: causality comes from the cache's fill level.
             self_mask = None
             cross_mask = cross_attention_mask(decoder_input_tokens, encoder_input_tokens)
+        elif self._flash(enable_dropout):  # the same three masks, as the kernel takes them
+            ids = functools.partial(flash_attention.ids_from_segments,
+                                    jnp.ones(decoder_input_tokens.shape, bool), decoder_segment_ids)
+            self_mask = flash_attention.FlashMask(ids(-1), ids(-1), causal=True)
+            cross_mask = flash_attention.FlashMask(ids(-1), flash_attention.ids_from_segments(
+                encoder_input_tokens > 0, encoder_segment_ids, -2))
         else:
             self_mask = decoder_self_mask(decoder_input_tokens, decoder_segment_ids)
             cross_mask = cross_attention_mask(decoder_input_tokens, encoder_input_tokens,

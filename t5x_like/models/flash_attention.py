@@ -1,0 +1,381 @@
+"""Flash attention as a Pallas kernel, with T5's relative position bias computed inside it.
+
+Peers cannot run T5 under a fused attention kernel: cuDNN's and the Pallas TPU kernels take
+the bias as a dense (heads, q, k) array, which is the memory traffic flash attention exists
+to avoid, and its gradient (summed over batch and query/key pairs into 32 buckets per head)
+is not something they produce. Here the kernel gets the (heads, buckets) table itself:
+each (query block, key block) tile computes its relative positions from the block offsets,
+maps them to buckets with Mesh-TF T5's formula and looks the table up, so no bias tensor
+exists in memory; the backward kernel sums the logits' gradient per bucket the same way.
+
+Masks are given in a form a tile can evaluate from positions alone: a query attends to a
+key when their ids are equal (`q_ids == kv_ids`, which encodes padding and packed
+segments; see `ids_from_segments`) and, with `causal`, the key is not after the query.
+
+Forward: one program per (batch, head, query block) walks the key blocks with the online
+softmax and writes the output, the running max and the running sum (kept apart, not as a
+log-sum-exp: for a query with no visible key, -1e10 + log(n) rounds back to -1e10 in
+float32, and the backward pass would then weigh each key 1 instead of 1/n). Backward
+(FlashAttention-2's split): one kernel per (batch, head, key block) accumulates dK and dV
+over the query blocks, one per (batch, head, query block) accumulates dQ and the per-bucket
+bias gradient over the key blocks. Everything is float32 inside a tile.
+
+On CPU there is no Pallas compiler: the kernels run in Pallas's interpreter (exact, slow), so
+the tests here check values and gradients; speed only means something on GPU (Triton) or
+TPU (Mosaic), which no session has had yet (`benchmarks/gpu_check.sh`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+
+Array = jax.Array
+
+# The same finite "minus infinity" as the reference attention (`layers.NEG_INF`), so a query
+# with no visible key gets the same uniform weights in both.
+NEG_INF = -1e10
+
+
+@dataclasses.dataclass(frozen=True)
+class RelativeBias:
+    """T5's bucketing of key - query offsets (`layers.relative_position_bucket`)."""
+
+    num_buckets: int = 32
+    max_distance: int = 128
+    bidirectional: bool = True
+
+
+def relative_buckets(relative_position: Array, spec: RelativeBias) -> Array:
+    """`layers.relative_position_bucket` in jnp (int32), for use inside a kernel tile."""
+    n = -relative_position
+    num_buckets = spec.num_buckets
+    ret = jnp.zeros_like(n)
+    if spec.bidirectional:
+        num_buckets //= 2
+        ret = ret + (n < 0).astype(n.dtype) * num_buckets
+        n = jnp.abs(n)
+    else:
+        n = jnp.maximum(n, 0)
+    max_exact = num_buckets // 2
+    is_small = n < max_exact
+    # log(0) -> -inf for the small offsets, which the `where` never selects: clamp first.
+    scaled = jnp.maximum(n, 1).astype(jnp.float32) / max_exact + np.finfo(np.float32).eps
+    val_if_large = max_exact + (
+        jnp.log(scaled) / np.float32(np.log(spec.max_distance / max_exact))
+        * (num_buckets - max_exact)).astype(n.dtype)
+    val_if_large = jnp.minimum(val_if_large, num_buckets - 1)
+    return ret + jnp.where(is_small, n, val_if_large)
+
+
+def ids_from_segments(valid: Array, segment_ids: Array | None, sentinel: int) -> Array:
+    """Mask ids for one side: the segment id (1 when unpacked) where a token is real,
+    `sentinel` where it is padding. Give queries and keys different sentinels (-1, -2), so
+    that two padding positions never match."""
+    ids = jnp.ones(valid.shape, jnp.int32) if segment_ids is None else segment_ids
+    return jnp.where(valid, ids.astype(jnp.int32), sentinel)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    causal: bool
+    bias: RelativeBias | None
+    block_q: int
+    block_k: int
+    q_len: int
+    kv_len: int
+    interpret: bool
+
+
+def _tile(static: _Static, q_start, k_start, q_ids, kv_ids, table_row):
+    """What a (query block, key block) tile needs besides q k^T: the bias (or None), the
+    mask, and the bucket ids (for the bias gradient)."""
+    q_pos = q_start + jax.lax.broadcasted_iota(jnp.int32, (static.block_q, static.block_k), 0)
+    k_pos = k_start + jax.lax.broadcasted_iota(jnp.int32, (static.block_q, static.block_k), 1)
+    mask = q_ids[:, None] == kv_ids[None, :]
+    if static.causal:
+        mask = jnp.logical_and(mask, q_pos >= k_pos)
+    bias = buckets = None
+    if static.bias is not None:
+        buckets = relative_buckets(k_pos - q_pos, static.bias)
+        bias = jnp.zeros(buckets.shape, jnp.float32)
+        for b in range(static.bias.num_buckets):  # a table lookup as selects: no gather
+            bias = jnp.where(buckets == b, table_row[b], bias)
+    return bias, mask, buckets
+
+
+def _logits(static, q, k, q_start, k_start, q_ids, kv_ids, table_row):
+    s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    bias, mask, buckets = _tile(static, q_start, k_start, q_ids, kv_ids, table_row)
+    if bias is not None:
+        s = s + bias
+    return jnp.where(mask, s, NEG_INF), mask, buckets
+
+
+def _num_key_blocks(static: _Static, q_block):
+    """Key blocks a query block can see: all, or (causal) up to its last query."""
+    total = static.kv_len // static.block_k
+    if not static.causal:
+        return total
+    last = (q_block + 1) * static.block_q - 1
+    return jnp.minimum(total, last // static.block_k + 1)
+
+
+def _forward_kernel(q_ref, k_ref, v_ref, qid_ref, kvid_ref, table_ref, o_ref, m_ref, l_ref, *,
+                    static: _Static):
+    head, q_block = pl.program_id(1), pl.program_id(2)
+    q = q_ref[...].astype(jnp.float32)
+    q_ids = qid_ref[...]
+    q_start = q_block * static.block_q
+    table_row = table_ref[head, :] if static.bias is not None else None
+    bq, bk = static.block_q, static.block_k
+
+    def body(j, carry):
+        m, l, acc = carry
+        keys = pl.ds(j * bk, bk)
+        k = k_ref[keys, :].astype(jnp.float32)
+        v = v_ref[keys, :].astype(jnp.float32)
+        s, _, _ = _logits(static, q, k, q_start, j * bk, q_ids, kvid_ref[keys], table_row)
+        m_new = jnp.maximum(m, s.max(axis=-1))
+        p = jnp.exp(s - m_new[:, None])
+        alpha = jnp.exp(m - m_new)
+        l = alpha * l + p.sum(axis=-1)
+        acc = alpha[:, None] * acc + jnp.dot(p, v, preferred_element_type=jnp.float32)
+        return m_new, l, acc
+
+    init = (jnp.full((bq,), -jnp.inf, jnp.float32), jnp.zeros((bq,), jnp.float32),
+            jnp.zeros((bq, q.shape[-1]), jnp.float32))
+    m, l, acc = jax.lax.fori_loop(0, _num_key_blocks(static, q_block), body, init)
+    o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
+    m_ref[...] = m
+    l_ref[...] = l
+
+
+def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, m_ref, l_ref, delta_ref, qid_ref, kvid_ref, table_ref,
+                 dk_ref, dv_ref, *, static: _Static):
+    head, k_block = pl.program_id(1), pl.program_id(2)
+    bq, bk = static.block_q, static.block_k
+    k = k_ref[...].astype(jnp.float32)
+    v = v_ref[...].astype(jnp.float32)
+    kv_ids = kvid_ref[...]
+    k_start = k_block * bk
+    table_row = table_ref[head, :] if static.bias is not None else None
+
+    def body(i, carry):
+        dk, dv = carry
+        rows = pl.ds(i * bq, bq)
+        q = q_ref[rows, :].astype(jnp.float32)
+        do = do_ref[rows, :].astype(jnp.float32)
+        s, mask, _ = _logits(static, q, k, i * bq, k_start, qid_ref[rows], kv_ids, table_row)
+        p = jnp.exp(s - m_ref[rows][:, None]) / l_ref[rows][:, None]
+        dv = dv + jax.lax.dot_general(p, do, (((0,), (0,)), ((), ())),
+                                      preferred_element_type=jnp.float32)
+        dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())),
+                                 preferred_element_type=jnp.float32)
+        ds = jnp.where(mask, p * (dp - delta_ref[rows][:, None]), 0.0)
+        dk = dk + jax.lax.dot_general(ds, q, (((0,), (0,)), ((), ())),
+                                      preferred_element_type=jnp.float32)
+        return dk, dv
+
+    first = (k_start // bq) if static.causal else 0  # earlier queries cannot see these keys
+    zeros = jnp.zeros(k.shape, jnp.float32)
+    dk, dv = jax.lax.fori_loop(first, static.q_len // bq, body, (zeros, zeros))
+    dk_ref[...] = dk.astype(dk_ref.dtype)
+    dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def _dq_kernel(q_ref, k_ref, v_ref, do_ref, m_ref, l_ref, delta_ref, qid_ref, kvid_ref, table_ref,
+               dq_ref, dtable_ref, *, static: _Static):
+    head, q_block = pl.program_id(1), pl.program_id(2)
+    bq, bk = static.block_q, static.block_k
+    q = q_ref[...].astype(jnp.float32)
+    do = do_ref[...].astype(jnp.float32)
+    m, l, delta, q_ids = m_ref[...], l_ref[...], delta_ref[...], qid_ref[...]
+    q_start = q_block * bq
+    table_row = table_ref[head, :] if static.bias is not None else None
+    num_buckets = static.bias.num_buckets if static.bias is not None else 1
+
+    def body(j, carry):
+        dq, dtable = carry
+        keys = pl.ds(j * bk, bk)
+        k = k_ref[keys, :].astype(jnp.float32)
+        v = v_ref[keys, :].astype(jnp.float32)
+        s, mask, buckets = _logits(static, q, k, q_start, j * bk, q_ids, kvid_ref[keys],
+                                   table_row)
+        p = jnp.exp(s - m[:, None]) / l[:, None]
+        dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())),
+                                 preferred_element_type=jnp.float32)
+        ds = jnp.where(mask, p * (dp - delta[:, None]), 0.0)
+        dq = dq + jnp.dot(ds, k, preferred_element_type=jnp.float32)
+        if buckets is not None:  # the bias gradient: dS summed per bucket
+            dtable = dtable + jnp.stack([jnp.sum(jnp.where(buckets == b, ds, 0.0))
+                                         for b in range(num_buckets)])
+        return dq, dtable
+
+    init = (jnp.zeros(q.shape, jnp.float32), jnp.zeros((num_buckets,), jnp.float32))
+    dq, dtable = jax.lax.fori_loop(0, _num_key_blocks(static, q_block), body, init)
+    dq_ref[...] = dq.astype(dq_ref.dtype)
+    dtable_ref[...] = dtable
+
+
+def _specs(static: _Static, head_dim: int):
+    """Block specs over the (batch, head, block) grid, in the kernels' argument order."""
+    bq, bk = static.block_q, static.block_k
+    by_q = pl.BlockSpec((None, None, bq, head_dim), lambda b, h, i: (b, h, i, 0))
+    by_k = pl.BlockSpec((None, None, bk, head_dim), lambda b, h, i: (b, h, i, 0))
+    all_q = pl.BlockSpec((None, None, static.q_len, head_dim), lambda b, h, i: (b, h, 0, 0))
+    all_k = pl.BlockSpec((None, None, static.kv_len, head_dim), lambda b, h, i: (b, h, 0, 0))
+    rows_q = pl.BlockSpec((None, None, bq), lambda b, h, i: (b, h, i))
+    all_rows_q = pl.BlockSpec((None, None, static.q_len), lambda b, h, i: (b, h, 0))
+    ids_q = pl.BlockSpec((None, bq), lambda b, h, i: (b, i))
+    all_ids_q = pl.BlockSpec((None, static.q_len), lambda b, h, i: (b, 0))
+    ids_k = pl.BlockSpec((None, bk), lambda b, h, i: (b, i))
+    all_ids_k = pl.BlockSpec((None, static.kv_len), lambda b, h, i: (b, 0))
+    return dict(by_q=by_q, by_k=by_k, all_q=all_q, all_k=all_k, rows_q=rows_q,
+                all_rows_q=all_rows_q, ids_q=ids_q, all_ids_q=all_ids_q, ids_k=ids_k,
+                all_ids_k=all_ids_k)
+
+
+def _table_spec(table: Array):
+    return pl.BlockSpec(table.shape, lambda b, h, i: (0, 0))
+
+
+def _forward(static: _Static, q, k, v, q_ids, kv_ids, table):
+    batch, heads, _, head_dim = q.shape
+    sp = _specs(static, head_dim)
+    return pl.pallas_call(
+        functools.partial(_forward_kernel, static=static),
+        grid=(batch, heads, static.q_len // static.block_q),
+        in_specs=[sp["by_q"], sp["all_k"], sp["all_k"], sp["ids_q"], sp["all_ids_k"],
+                  _table_spec(table)],
+        out_specs=[sp["by_q"], sp["rows_q"], sp["rows_q"]],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype)]
+        + [jax.ShapeDtypeStruct((batch, heads, static.q_len), jnp.float32)] * 2,
+        interpret=static.interpret, name="t5_flash_attention_fwd",
+    )(q, k, v, q_ids, kv_ids, table)
+
+
+def _backward(static: _Static, q, k, v, q_ids, kv_ids, table, out, m, l, dout):
+    batch, heads, _, head_dim = q.shape
+    sp = _specs(static, head_dim)
+    delta = jnp.sum(out.astype(jnp.float32) * dout.astype(jnp.float32), axis=-1)
+    args = (q, k, v, dout, m, l, delta, q_ids, kv_ids, table)
+    dk, dv = pl.pallas_call(
+        functools.partial(_dkdv_kernel, static=static),
+        grid=(batch, heads, static.kv_len // static.block_k),
+        in_specs=[sp["all_q"], sp["by_k"], sp["by_k"], sp["all_q"], sp["all_rows_q"],
+                  sp["all_rows_q"], sp["all_rows_q"], sp["all_ids_q"], sp["ids_k"],
+                  _table_spec(table)],
+        out_specs=[sp["by_k"], sp["by_k"]],
+        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
+                   jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        interpret=static.interpret, name="t5_flash_attention_dkdv",
+    )(*args)
+    num_q_blocks = static.q_len // static.block_q
+    num_buckets = static.bias.num_buckets if static.bias is not None else 1
+    dq, dtable = pl.pallas_call(
+        functools.partial(_dq_kernel, static=static),
+        grid=(batch, heads, num_q_blocks),
+        in_specs=[sp["by_q"], sp["all_k"], sp["all_k"], sp["by_q"], sp["rows_q"],
+                  sp["rows_q"], sp["rows_q"], sp["ids_q"], sp["all_ids_k"], _table_spec(table)],
+        out_specs=[sp["by_q"],
+                   pl.BlockSpec((None, None, None, num_buckets), lambda b, h, i: (b, h, i, 0))],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+                   jax.ShapeDtypeStruct((batch, heads, num_q_blocks, num_buckets),
+                                        jnp.float32)],
+        interpret=static.interpret, name="t5_flash_attention_dq",
+    )(*args)
+    dtable = jnp.sum(dtable, axis=(0, 2)).astype(table.dtype)
+    return dq, dk, dv, dtable
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attention(static: _Static, q, k, v, q_ids, kv_ids, table):
+    return _forward(static, q, k, v, q_ids, kv_ids, table)[0]
+
+
+def _attention_fwd(static, q, k, v, q_ids, kv_ids, table):
+    out, m, l = _forward(static, q, k, v, q_ids, kv_ids, table)
+    return out, (q, k, v, q_ids, kv_ids, table, out, m, l)
+
+
+def _attention_bwd(static, saved, dout):
+    q, k, v, q_ids, kv_ids, table, out, m, l = saved
+    dq, dk, dv, dtable = _backward(static, q, k, v, q_ids, kv_ids, table, out, m, l, dout)
+    if static.bias is None:
+        dtable = jnp.zeros_like(table)
+    return dq, dk, dv, None, None, dtable
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def _block(requested: int, length: int, what: str) -> int:
+    block = min(requested, length)
+    if length % block:
+        raise ValueError(f"Flash attention needs the {what} length ({length}) to be a multiple "
+                         f"of its block ({block}); pad the sequences to a multiple of {block} "
+                         f"or choose attention_implementation='xla'.")
+    return block
+
+
+def flash_attention(query: Array, key: Array, value: Array, q_ids: Array, kv_ids: Array, *,
+                    causal: bool = False, relative_table: Array | None = None,
+                    relative_bias: RelativeBias | None = None, block_q: int = 128,
+                    block_k: int = 128, interpret: bool | None = None) -> Array:
+    """softmax(q k^T + bias, masked) v for (batch, length, heads, head_dim) inputs, no logit
+    scaling (T5 folds it into the query), equal to the reference attention with the dense mask
+    `q_ids[:, :, None] == kv_ids[:, None, :]` (and causal) and, given `relative_table`
+    (heads, num_buckets) and `relative_bias`, T5's relative position bias, computed in-kernel.
+
+    `interpret` defaults to True on CPU, where Pallas has no compiler."""
+    if (relative_table is None) != (relative_bias is None):
+        raise ValueError("Give both relative_table and relative_bias, or neither.")
+    if interpret is None:
+        interpret = jax.default_backend() == "cpu"
+    batch, q_len, heads, head_dim = query.shape
+    kv_len = key.shape[1]
+    static = _Static(causal=causal, bias=relative_bias,
+                     block_q=_block(block_q, q_len, "query"),
+                     block_k=_block(block_k, kv_len, "key"),
+                     q_len=q_len, kv_len=kv_len, interpret=interpret)
+    table = (relative_table if relative_table is not None
+             else jnp.zeros((heads, 1), jnp.float32))
+    to_heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731  (b, l, h, d) -> (b, h, l, d)
+    out = _attention(static, to_heads_first(query), to_heads_first(key), to_heads_first(value),
+                     q_ids.astype(jnp.int32), kv_ids.astype(jnp.int32), table)
+    return to_heads_first(out)
+
+
+@flax.struct.dataclass
+class FlashMask:
+    """The attention mask in the form the kernel evaluates per tile (instead of a dense
+    (batch, 1, q, k) array): query i sees key j when `q_ids[:, i] == kv_ids[:, j]` and, if
+    `causal`, j <= i."""
+
+    q_ids: Array
+    kv_ids: Array
+    causal: bool = flax.struct.field(pytree_node=False, default=False)
+
+
+@flax.struct.dataclass
+class FlashBias:
+    """T5's relative position bias as its (heads, num_buckets) table and bucketing, for the
+    kernel to expand tile by tile (instead of a dense (1, heads, q, k) array)."""
+
+    table: Array
+    spec: RelativeBias = flax.struct.field(pytree_node=False)
+
+
+def attend(query: Array, key: Array, value: Array, mask: FlashMask,
+           bias: FlashBias | None) -> Array:
+    """`flash_attention` with the mask and bias in their structured forms."""
+    return flash_attention(query, key, value, mask.q_ids, mask.kv_ids, causal=mask.causal,
+                           relative_table=None if bias is None else bias.table,
+                           relative_bias=None if bias is None else bias.spec)

@@ -1,0 +1,167 @@
+"""The Pallas flash-attention kernel with T5's relative bias computed in-kernel
+(`attention_implementation='flash'`): equal to the written-out reference attention (dense bias
+from `layers.RelativePositionBias`, dense masks from `t5`'s mask builders) in values and in
+gradients for queries, keys, values and the bias table, over several tiles, with padding,
+packing, causality and cross-attention; and a whole T5 model trains the same with it.
+
+On CPU the kernels run in Pallas's interpreter: these tests check the arithmetic and the
+tiling, not speed."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from t5x_like.models import flash_attention as fa
+from t5x_like.models import layers, t5
+from t5x_like.models.encoder_decoder import EncoderDecoderModel
+from tests.test_remat import T5_CONFIG, _init, _loss_and_grads
+
+HEADS, HEAD_DIM = 2, 8
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (8, 20)])
+def test_in_kernel_buckets_equal_mesh_tf_buckets(bidirectional, num_buckets, max_distance):
+    offsets = np.arange(-3000, 3001)
+    expected = layers.relative_position_bucket(offsets, bidirectional, num_buckets, max_distance)
+    spec = fa.RelativeBias(num_buckets, max_distance, bidirectional)
+    got = jax.jit(lambda r: fa.relative_buckets(r, spec))(jnp.asarray(offsets, jnp.int32))
+    np.testing.assert_array_equal(np.asarray(got), expected)
+
+
+def _reference(q, k, v, mask, table, spec):
+    """The model's own attention maths: einsum, dense bias from the table, NEG_INF mask."""
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k)
+    if table is not None:
+        buckets = layers.relative_position_bucket(
+            np.arange(k.shape[1])[None, :] - np.arange(q.shape[1])[:, None],
+            spec.bidirectional, spec.num_buckets, spec.max_distance)
+        logits = logits + jnp.take(table, jnp.asarray(buckets), axis=1)[None]
+    logits = jnp.where(mask, logits, layers.NEG_INF)
+    return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits, axis=-1), v)
+
+
+def _cases():
+    """(name, q_len, kv_len, dense mask, FlashMask, bias spec or None): T5's three masks."""
+    enc = np.array([[3] * 10 + [4] * 14 + [0] * 8, [5] * 32])  # packed + padded; full row
+    enc_seg = np.array([[1] * 10 + [2] * 14 + [0] * 8, [1] * 32])
+    dec_seg = np.array([[1] * 5 + [2] * 11, [1] * 16])
+    dec = np.ones_like(dec_seg)
+    real = enc > 0
+    ids = fa.ids_from_segments
+    enc_mask = fa.FlashMask(ids(real, enc_seg, -1), ids(real, enc_seg, -2))
+    self_mask = fa.FlashMask(ids(dec > 0, dec_seg, -1), ids(dec > 0, dec_seg, -1), causal=True)
+    cross = fa.FlashMask(ids(dec > 0, dec_seg, -1), ids(real, enc_seg, -2))
+    return [
+        ("encoder, packed and padded, bidirectional bias", 32, 32,
+         t5.encoder_self_mask(enc, enc_seg), enc_mask, fa.RelativeBias(32, 128, True)),
+        ("decoder, packed, causal bias", 16, 16, t5.decoder_self_mask(dec, dec_seg),
+         self_mask, fa.RelativeBias(32, 128, False)),
+        ("cross-attention, packed", 16, 32, t5.cross_attention_mask(dec, enc, dec_seg, enc_seg),
+         cross, None),
+        ("encoder, padded, few buckets", 32, 32, t5.encoder_self_mask(enc), fa.FlashMask(
+            ids(real, None, -1), ids(real, None, -2)), fa.RelativeBias(8, 20, True)),
+    ]
+
+
+@pytest.mark.parametrize("case", [0] + [pytest.param(c, marks=pytest.mark.slow) for c in (1, 2, 3)])
+def test_kernel_equals_the_reference_attention(case):
+    name, q_len, kv_len, dense, mask, spec = _cases()[case]
+    keys = jax.random.split(jax.random.key(case), 5)
+    q = jax.random.normal(keys[0], (2, q_len, HEADS, HEAD_DIM))
+    k = jax.random.normal(keys[1], (2, kv_len, HEADS, HEAD_DIM))
+    v = jax.random.normal(keys[2], (2, kv_len, HEADS, HEAD_DIM))
+    table = None if spec is None else jax.random.normal(keys[3], (HEADS, spec.num_buckets))
+    weights = jax.random.normal(keys[4], q.shape)  # a loss that weighs every output
+
+    def flash(q, k, v, table):  # 8 x 16 tiles: several per row, causal blocks skipped
+        return fa.flash_attention(q, k, v, mask.q_ids, mask.kv_ids, causal=mask.causal,
+                                  relative_table=table, relative_bias=spec, block_q=8,
+                                  block_k=16)
+
+    def reference(q, k, v, table):
+        return _reference(q, k, v, dense, table, spec)
+
+    args = (q, k, v) if table is None else (q, k, v, table)
+    results = []
+    for fn in (reference, flash):
+        f = (lambda *a, fn=fn: fn(*a)) if table is not None else (lambda *a, fn=fn: fn(*a, None))
+        out = f(*args)
+        grads = jax.grad(lambda *a: jnp.sum(f(*a) * weights),
+                         argnums=tuple(range(len(args))))(*args)
+        results.append((out, grads))
+    (out_r, grads_r), (out_f, grads_f) = results
+    np.testing.assert_allclose(out_f, out_r, rtol=1e-5, atol=1e-5, err_msg=name)
+    for what, a, b in zip(("dq", "dk", "dv", "dtable"), grads_f, grads_r):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=f"{name}: {what}")
+
+
+@pytest.mark.slow
+def test_bfloat16_inputs_stay_within_bfloat16_tolerance():
+    name, q_len, kv_len, dense, mask, spec = _cases()[0]
+    keys = jax.random.split(jax.random.key(9), 4)
+    q, k, v = (jax.random.normal(key, (2, q_len, HEADS, HEAD_DIM)) for key in keys[:3])
+    table = jax.random.normal(keys[3], (HEADS, spec.num_buckets))
+    low = [x.astype(jnp.bfloat16) for x in (q, k, v)]
+    out = fa.flash_attention(*low, mask.q_ids, mask.kv_ids, relative_table=table,
+                             relative_bias=spec, block_q=16, block_k=16)
+    assert out.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(out, np.float32), _reference(q, k, v, dense, table,
+                                                                        spec),
+                               rtol=3e-2, atol=3e-2)
+
+
+def test_a_length_off_the_block_grid_is_refused_with_what_to_do():
+    x = jnp.zeros((1, 40, HEADS, HEAD_DIM))
+    ids = jnp.ones((1, 40), jnp.int32)
+    with pytest.raises(ValueError, match="multiple of its block"):
+        fa.flash_attention(x, x, x, ids, ids, block_q=32, block_k=32)
+
+
+def _packed_t5_batch():
+    """Two rows: one packs two examples (inputs and targets), one is padded."""
+    rng = np.random.default_rng(0)
+    enc = rng.integers(2, T5_CONFIG.vocab_size, (2, 16)).astype(np.int32)
+    enc[1, 11:] = 0
+    enc_seg = np.array([[1] * 7 + [2] * 9, [1] * 11 + [0] * 5], np.int32)
+    targets = rng.integers(2, T5_CONFIG.vocab_size, (2, 8)).astype(np.int32)
+    targets[1, 6:] = 0
+    dec_seg = np.array([[1] * 3 + [2] * 5, [1] * 6 + [0] * 2], np.int32)
+    inputs = np.concatenate([np.zeros((2, 1), np.int32), targets[:, :-1]], axis=1)
+    inputs[0, 3] = 0  # the second packed example starts with its own start token
+    return {"encoder_input_tokens": jnp.asarray(enc), "encoder_segment_ids": jnp.asarray(enc_seg),
+            "decoder_input_tokens": jnp.asarray(inputs),
+            "decoder_target_tokens": jnp.asarray(targets),
+            "decoder_segment_ids": jnp.asarray(dec_seg),
+            "decoder_loss_weights": jnp.asarray(targets > 0, jnp.float32)}
+
+
+@pytest.mark.parametrize("scan_layers", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_a_t5_model_trains_the_same_with_the_flash_kernel(scan_layers):
+    cfg = dataclasses.replace(T5_CONFIG, scan_layers=scan_layers)  # one layer each
+    reference = EncoderDecoderModel(cfg)
+    flash = EncoderDecoderModel(dataclasses.replace(cfg, attention_implementation="flash"))
+    params = _init(reference)
+    batch = _packed_t5_batch()
+    (loss_r, grads_r), (loss_f, grads_f) = [_loss_and_grads(m, params, batch)
+                                            for m in (reference, flash)]
+    np.testing.assert_allclose(loss_f, loss_r, rtol=1e-6)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+                           grads_f, grads_r)
+    # the relative-bias tables receive their gradient through the kernel's bucket sums
+    tables = [g for path, g in jax.tree_util.tree_leaves_with_path(grads_f)
+              if "rel_embedding" in jax.tree_util.keystr(path)]
+    assert tables and all(float(jnp.abs(t).sum()) > 0 for t in tables)
+
+
+def test_flash_is_refused_where_no_structured_mask_is_built():
+    from t5x_like.models import bert
+    from tests.test_remat import GPT_CONFIG
+
+    for make in (lambda: dataclasses.replace(GPT_CONFIG, attention_implementation="flash"),
+                 lambda: bert.BertConfig(attention_implementation="flash")):
+        with pytest.raises(ValueError, match="T5 only"):
+            make()
