@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -375,7 +376,46 @@ class FlashBias:
 
 def attend(query: Array, key: Array, value: Array, mask: FlashMask,
            bias: FlashBias | None) -> Array:
-    """`flash_attention` with the mask and bias in their structured forms."""
-    return flash_attention(query, key, value, mask.q_ids, mask.kv_ids, causal=mask.causal,
-                           relative_table=None if bias is None else bias.table,
-                           relative_bias=None if bias is None else bias.spec)
+    """`flash_attention` with the mask and bias in their structured forms.
+
+    Under a device mesh (the trainer's `jax.set_mesh`) the kernel runs per shard through
+    `shard_map`: a Pallas call has no partitioning rule of its own, and attention is
+    independent per example and per head, so each device runs it on its rows and heads (the
+    mesh axes the logical 'batch' and 'heads' map to under the rules in context). The bias
+    table's gradient, computed per shard, is summed over the batch shards by shard_map's
+    transpose."""
+    table = None if bias is None else bias.table
+
+    def run(q, k, v, q_ids, kv_ids, table):
+        return flash_attention(q, k, v, q_ids, kv_ids, causal=mask.causal,
+                               relative_table=table,
+                               relative_bias=None if bias is None else bias.spec)
+
+    mesh = jax.sharding.get_abstract_mesh()
+    batch_axes = head_axes = None
+    if not mesh.empty and mesh.size > 1:
+        batch_axes, _, head_axes, _ = nn.logical_to_mesh_axes(("batch", "length", "heads",
+                                                               "kv"))
+    sharded = not mesh.empty and mesh.size > 1
+    if not (sharded and _splits(query.shape[0], batch_axes, mesh)
+            and _splits(query.shape[2], head_axes, mesh)):
+        # no mesh, or shapes that do not split (the batch-1 trace of `init`): one call
+        return run(query, key, value, mask.q_ids, mask.kv_ids, table)
+    P = jax.sharding.PartitionSpec
+    per_token = P(batch_axes, None, head_axes, None)
+    ids = P(batch_axes, None)
+    if table is None:
+        return jax.shard_map(lambda q, k, v, qi, ki: run(q, k, v, qi, ki, None),
+                             in_specs=(per_token,) * 3 + (ids,) * 2, out_specs=per_token,
+                             check_vma=False)(query, key, value, mask.q_ids, mask.kv_ids)
+    return jax.shard_map(run, in_specs=(per_token,) * 3 + (ids,) * 2 + (P(head_axes, None),),
+                         out_specs=per_token, check_vma=False)(
+        query, key, value, mask.q_ids, mask.kv_ids, table)
+
+
+def _splits(size: int, axes, mesh) -> bool:
+    """Whether a dim of `size` splits evenly over mesh `axes` (None: not split at all)."""
+    if axes is None:
+        return True
+    names = (axes,) if isinstance(axes, str) else tuple(axes)
+    return size % int(np.prod([mesh.shape[name] for name in names])) == 0
