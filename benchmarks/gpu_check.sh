@@ -9,6 +9,8 @@
 #   t5_base      T5.1.1-base (gin_configs/models/t5_1_1/base.gin), batch 64 x (512 + 114),
 #                target >= 45 % MFU
 #   t5_base_xla  the same with the reference (XLA) attention, to show what the fused kernel buys
+#   t5_base_flash the same with this repository's Pallas kernel, T5's bias computed in-kernel
+#                (`attention_implementation='flash'`, t5x_like/models/flash_attention.py)
 #   lm_1b        a ~1B decoder-only model (18 pre-LN layers, width 2048, 16 heads, feed-forward
 #                8192, vocabulary 32128), batch 8 x 2048, target >= 55 % MFU
 #   decode       T5 decoding throughput (greedy and beam 4, batch 1 and 32)
@@ -44,6 +46,9 @@ step t5_base --gin_file gin_configs/models/t5_1_1/base.gin "${BF16[@]}" --batch 
   --gin "T5Config.attention_implementation=$FUSED"
 step t5_base_xla --gin_file gin_configs/models/t5_1_1/base.gin "${BF16[@]}" --batch 64 \
   --inputs 512 --targets 114 --gin T5Config.dropout_rate=0.0
+step t5_base_flash --gin_file gin_configs/models/t5_1_1/base.gin "${BF16[@]}" --batch 64 \
+  --inputs 512 --targets 114 --gin T5Config.dropout_rate=0.0 \
+  --gin "T5Config.attention_implementation='flash'" --steps 5
 step lm_1b --family decoder_only "${BF16[@]}" --batch 8 --inputs 0 --targets 2048 \
   --gin GPTConfig.vocab_size=32128 --gin GPTConfig.max_position_embeddings=2048 \
   --gin GPTConfig.hidden_size=2048 --gin GPTConfig.num_layers=18 --gin GPTConfig.num_heads=16 \

@@ -14,6 +14,7 @@ from typing import Any
 CHECKS = {
     "t5_base": ("T5.1.1-base bf16, fused attention", 0.45),
     "t5_base_xla": ("T5.1.1-base bf16, XLA attention", None),
+    "t5_base_flash": ("T5.1.1-base bf16, Pallas flash kernel, bias in-kernel", None),
     "lm_1b": ("decoder-only ~1B bf16, fused attention", 0.55),
 }
 

@@ -114,11 +114,31 @@ def test_bfloat16_inputs_stay_within_bfloat16_tolerance():
                                rtol=3e-2, atol=3e-2)
 
 
-def test_a_length_off_the_block_grid_is_refused_with_what_to_do():
-    x = jnp.zeros((1, 40, HEADS, HEAD_DIM))
-    ids = jnp.ones((1, 40), jnp.int32)
-    with pytest.raises(ValueError, match="multiple of its block"):
-        fa.flash_attention(x, x, x, ids, ids, block_q=32, block_k=32)
+@pytest.mark.slow
+def test_lengths_off_the_tile_grid_are_padded_and_give_the_same_attention():
+    """40 queries, 24 keys on 16 x 16 tiles: both padded; no real query or key may see the
+    padding, and the gradients of the real positions are unchanged."""
+    keys = jax.random.split(jax.random.key(11), 4)
+    q = jax.random.normal(keys[0], (1, 40, HEADS, HEAD_DIM))
+    k, v = (jax.random.normal(key, (1, 24, HEADS, HEAD_DIM)) for key in keys[1:3])
+    q_seg, kv_seg = np.array([[1] * 25 + [2] * 15]), np.array([[1] * 14 + [2] * 10])
+    dense = q_seg[:, None, :, None] == kv_seg[:, None, None, :]
+    weights = jax.random.normal(keys[3], q.shape)
+
+    def loss(fn, *args):
+        return jnp.sum(fn(*args) * weights)
+
+    def flash(q, k, v):
+        return fa.flash_attention(q, k, v, jnp.asarray(q_seg), jnp.asarray(kv_seg), block_q=16,
+                                  block_k=16)
+
+    def reference(q, k, v):
+        return _reference(q, k, v, dense, None, None)
+
+    np.testing.assert_allclose(flash(q, k, v), reference(q, k, v), rtol=1e-5, atol=1e-5)
+    for a, b in zip(jax.grad(lambda *x: loss(flash, *x), argnums=(0, 1, 2))(q, k, v),
+                    jax.grad(lambda *x: loss(reference, *x), argnums=(0, 1, 2))(q, k, v)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
 def _packed_t5_batch():

@@ -317,13 +317,20 @@ def _attention_bwd(static, saved, dout):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def _block(requested: int, length: int, what: str) -> int:
-    block = min(requested, length)
-    if length % block:
-        raise ValueError(f"Flash attention needs the {what} length ({length}) to be a multiple "
-                         f"of its block ({block}); pad the sequences to a multiple of {block} "
-                         f"or choose attention_implementation='xla'.")
-    return block
+def _block(requested: int, length: int) -> int:
+    """The tile length: `requested`, or the next power of two of a shorter sequence (Triton
+    tiles are powers of two)."""
+    return min(requested, pl.next_power_of_2(length))
+
+
+def _pad_to(x: Array, length: int, value: int = 0) -> Array:
+    """`x` padded along axis 1 (the sequence) to `length`."""
+    pad = length - x.shape[1]
+    if not pad:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[1] = (0, pad)
+    return jnp.pad(x, widths, constant_values=value)
 
 
 def flash_attention(query: Array, key: Array, value: Array, q_ids: Array, kv_ids: Array, *,
@@ -342,16 +349,21 @@ def flash_attention(query: Array, key: Array, value: Array, q_ids: Array, kv_ids
         interpret = jax.default_backend() == "cpu"
     batch, q_len, heads, head_dim = query.shape
     kv_len = key.shape[1]
-    static = _Static(causal=causal, bias=relative_bias,
-                     block_q=_block(block_q, q_len, "query"),
-                     block_k=_block(block_k, kv_len, "key"),
-                     q_len=q_len, kv_len=kv_len, interpret=interpret)
+    block_q, block_k = _block(block_q, q_len), _block(block_k, kv_len)
+    # Lengths off the tile grid are padded: padded queries match no key (id -3) and are
+    # dropped from the output, padded keys match no query (id -4).
+    padded_q, padded_kv = -(-q_len // block_q) * block_q, -(-kv_len // block_k) * block_k
+    static = _Static(causal=causal, bias=relative_bias, block_q=block_q, block_k=block_k,
+                     q_len=padded_q, kv_len=padded_kv, interpret=interpret)
     table = (relative_table if relative_table is not None
              else jnp.zeros((heads, 1), jnp.float32))
     to_heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731  (b, l, h, d) -> (b, h, l, d)
-    out = _attention(static, to_heads_first(query), to_heads_first(key), to_heads_first(value),
-                     q_ids.astype(jnp.int32), kv_ids.astype(jnp.int32), table)
-    return to_heads_first(out)
+    out = _attention(static, to_heads_first(_pad_to(query, padded_q)),
+                     to_heads_first(_pad_to(key, padded_kv)),
+                     to_heads_first(_pad_to(value, padded_kv)),
+                     _pad_to(q_ids.astype(jnp.int32), padded_q, -3),
+                     _pad_to(kv_ids.astype(jnp.int32), padded_kv, -4), table)
+    return to_heads_first(out)[:, :q_len]
 
 
 @flax.struct.dataclass
