@@ -99,6 +99,41 @@ def test_kernel_equals_the_reference_attention(case):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=f"{name}: {what}")
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("platform,lowering_platform,custom_call", [
+    ("gpu", "cuda", "__gpu$xla.gpu.triton"), ("tpu", "tpu", "tpu_custom_call")])
+def test_kernels_lower_through_triton_and_mosaic(platform, lowering_platform, custom_call,
+                                                 causal):
+    """Triton and Mosaic accept only part of what the interpreter runs (no gathers or array
+    slices in a kernel, Mosaic's (8, 128)-aligned blocks, no floor division's sign fix-up...).
+    Lowering the forward and both backward kernels for each platform from this CPU host runs
+    Pallas's lowering rules, which reject all of that; the accelerator's own compiler (PTX,
+    libtpu) is the step left unchecked here. bf16, a sequence off the tile grid, T5's bias."""
+    batch, length, heads, head_dim = 2, 200, 3, 64
+    spec = fa.RelativeBias(32, 128, bidirectional=not causal)
+
+    def loss(q, k, v, q_ids, kv_ids, table):
+        out = fa.flash_attention(q, k, v, q_ids, kv_ids, causal=causal, relative_table=table,
+                                 relative_bias=spec, platform=platform)
+        return jnp.sum(out.astype(jnp.float32))
+
+    tokens = jax.ShapeDtypeStruct((batch, length, heads, head_dim), jnp.bfloat16)
+    ids = jax.ShapeDtypeStruct((batch, length), jnp.int32)
+    table = jax.ShapeDtypeStruct((heads, spec.num_buckets), jnp.float32)
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 5)))
+    text = grad.trace(tokens, tokens, tokens, ids, ids, table).lower(
+        lowering_platforms=(lowering_platform,)).as_text()
+    assert custom_call in text
+    for kernel in ("fwd", "dkdv", "dq"):
+        assert f"t5_flash_attention_{kernel}" in text, kernel
+
+
+def test_an_unknown_platform_is_refused():
+    with pytest.raises(ValueError, match="no compiler for platform 'metal'"):
+        fa.flash_attention(*(jnp.zeros((1, 16, 1, 8)),) * 3, jnp.ones((1, 16), jnp.int32),
+                           jnp.ones((1, 16), jnp.int32), platform="metal")
+
+
 @pytest.mark.slow
 def test_bfloat16_inputs_stay_within_bfloat16_tolerance():
     name, q_len, kv_len, dense, mask, spec = _cases()[0]

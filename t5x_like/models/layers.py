@@ -362,9 +362,9 @@ class RelativePositionBias(nn.Module):
                  structured: bool = False) -> Array | flash_attention.FlashBias:
         """(1, heads, q, k), or with `structured` the table and bucketing for the flash
         kernel to expand itself."""
+        table = _param(self, "rel_embedding", fan_in_normal(),
+                       (self.num_heads, self.num_buckets), ("heads", "relpos_buckets"))
         if structured:
-            table = _param(self, "rel_embedding", fan_in_normal(),
-                           (self.num_heads, self.num_buckets), ("heads", "relpos_buckets"))
             spec = flash_attention.RelativeBias(self.num_buckets, self.max_distance,
                                                 self.bidirectional)
             return flash_attention.FlashBias(table.astype(jnp.float32), spec)
@@ -372,8 +372,6 @@ class RelativePositionBias(nn.Module):
         memory = np.arange(k_len)[None, :]
         buckets = relative_position_bucket(memory - context, self.bidirectional,
                                            self.num_buckets, self.max_distance)
-        table = _param(self, "rel_embedding", fan_in_normal(),
-                       (self.num_heads, self.num_buckets), ("heads", "relpos_buckets"))
         bias = gather_buckets(table, jnp.asarray(buckets, jnp.int32))  # (heads, q, k)
         return bias[None].astype(self.dtype)  # (1, heads, q, k)
 
