@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the test suite: creates .venv if missing, installs t5x_like with its test extra at the
 # locked versions, then runs pytest. Without arguments: the default suite (under 15 minutes on
-# 2 cores), then the slow set (training runs, T5-11B planning; ~15 more minutes). With
+# 2 cores), then the slow set (training runs, T5-11B planning; ~40 more minutes). With
 # arguments, just pytest with them (e.g. `-m 'not slow'`, `-m slow` or `-k hf`).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -66,7 +66,8 @@ def test_layout_conversion_is_exact_and_names_the_layers():
         jax.tree_util.tree_map(lambda a: a.shape, stacked)
 
 
-@pytest.mark.parametrize("family,remat", [("t5", "none"), ("decoder_only", "full")])
+@pytest.mark.parametrize("family,remat", [
+    ("t5", "none"), pytest.param("decoder_only", "full", marks=pytest.mark.slow)])
 def test_scanned_stack_gives_the_per_layer_loss_and_gradients(family, remat):
     batch = _t5_batch() if family == "t5" else _gpt_batch()
     plain = _model(family)
