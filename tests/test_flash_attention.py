@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from t5x_like.models import flash_attention as fa
-from t5x_like.models import layers, t5
+from t5x_like.models import base, layers, t5
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
 from tests.test_remat import T5_CONFIG, _init, _loss_and_grads
 
@@ -213,6 +213,30 @@ def test_a_t5_model_trains_the_same_with_the_flash_kernel(scan_layers):
     tables = [g for path, g in jax.tree_util.tree_leaves_with_path(grads_f)
               if "rel_embedding" in jax.tree_util.keystr(path)]
     assert tables and all(float(jnp.abs(t).sum()) > 0 for t in tables)
+
+
+@pytest.mark.parametrize("platform,lowering_platform,custom_call", [
+    ("gpu", "cuda", "__gpu$xla.gpu.triton"), ("tpu", "tpu", "tpu_custom_call")])
+def test_a_bfloat16_t5_step_with_the_kernel_lowers_for_accelerators(platform, lowering_platform,
+                                                                   custom_call):
+    """The model's own calls (encoder, causal decoder and cross-attention masks, bias tables,
+    bf16 activations) lowered for Triton and Mosaic, as `gpu_check.sh`'s flash step runs
+    them: every attention of both stacks goes through the kernels."""
+    cfg = dataclasses.replace(T5_CONFIG, attention_implementation="flash", dtype="bfloat16")
+    model = EncoderDecoderModel(cfg)
+    params = jax.eval_shape(lambda: _init(EncoderDecoderModel(T5_CONFIG)))
+    batch = _packed_t5_batch()
+
+    def loss(p):
+        return base.objective(model.loss_sums(p, batch), model.loss_denominators(batch))
+
+    with fa.compile_for(platform):
+        text = jax.jit(jax.grad(loss)).trace(params).lower(
+            lowering_platforms=(lowering_platform,)).as_text()
+    assert custom_call in text
+    # one layer per stack: three attentions (encoder self, decoder self, cross), each a
+    # forward and two backward kernels
+    assert text.count("custom_call @" + custom_call) == 9
 
 
 def test_flash_is_refused_where_no_structured_mask_is_built():

@@ -34,8 +34,11 @@ only means something on an accelerator, which no session has had yet
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
+from collections.abc import Iterator
 
 import flax.linen as nn
 import flax.struct
@@ -319,6 +322,30 @@ def _backward(static: _Static, q, k, v, q_ids, kv_ids, table, out, m, l, dout):
 _PLATFORMS = ("cpu", "gpu", "cuda", "rocm", "tpu")
 
 
+def _check_platform(platform: str) -> None:
+    if platform not in _PLATFORMS:
+        raise ValueError(f"flash attention has no compiler for platform {platform!r}; "
+                         f"use one of {sorted(_PLATFORMS)}.")
+
+
+_TARGET_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "flash_attention_target_platform", default=None)
+
+
+@contextlib.contextmanager
+def compile_for(platform: str) -> Iterator[None]:
+    """Inside this context, kernels traced without an explicit `platform` (the models' calls)
+    are built for `platform` instead of the default backend: with
+    `jit(f).trace(...).lower(lowering_platforms=...)`, a CPU host lowers a whole model's step
+    for an accelerator."""
+    _check_platform(platform)
+    token = _TARGET_PLATFORM.set(platform)
+    try:
+        yield
+    finally:
+        _TARGET_PLATFORM.reset(token)
+
+
 def _compile_options(static: _Static) -> dict:
     """`pallas_call` arguments that pick the compiler. GPU names Triton explicitly: this JAX
     lowers GPU kernels to Mosaic GPU by default, whose copies into shared memory are limited to
@@ -387,10 +414,8 @@ def flash_attention(query: Array, key: Array, value: Array, q_ids: Array, kv_ids
     accelerator (the tests do, to catch what Triton or Mosaic cannot express)."""
     if (relative_table is None) != (relative_bias is None):
         raise ValueError("Give both relative_table and relative_bias, or neither.")
-    platform = platform or jax.default_backend()
-    if platform not in _PLATFORMS:
-        raise ValueError(f"flash attention has no compiler for platform {platform!r}; "
-                         f"use one of {sorted(_PLATFORMS)}.")
+    platform = platform or _TARGET_PLATFORM.get() or jax.default_backend()
+    _check_platform(platform)
     batch, q_len, heads, head_dim = query.shape
     kv_len = key.shape[1]
     block_q, block_k = _block(block_q, q_len), _block(block_k, kv_len)
