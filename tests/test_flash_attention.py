@@ -30,6 +30,10 @@ def test_in_kernel_buckets_equal_mesh_tf_buckets(bidirectional, num_buckets, max
     spec = fa.RelativeBias(num_buckets, max_distance, bidirectional)
     got = jax.jit(lambda r: fa.relative_buckets(r, spec))(jnp.asarray(offsets, jnp.int32))
     np.testing.assert_array_equal(np.asarray(got), expected)
+    # a tile whose keys are all >= max_distance after (before) its queries has one bucket
+    after, before = fa._far_buckets(spec)
+    assert set(expected[offsets >= max_distance]) == {after}
+    assert set(expected[offsets <= -max_distance]) == {before}
 
 
 def _reference(q, k, v, mask, table, spec):
@@ -100,6 +104,46 @@ def test_kernel_equals_the_reference_attention(case):
     np.testing.assert_allclose(out_f, out_r, rtol=1e-5, atol=1e-5, err_msg=name)
     for what, a, b in zip(("dq", "dk", "dv", "dtable"), grads_f, grads_r):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=f"{name}: {what}")
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_tiles_beyond_max_distance_take_the_one_bucket_path(bidirectional):
+    """64 tokens on 16 x 16 tiles with max_distance 16: the tiles two or more blocks off the
+    diagonal hold offsets >= 16 only and skip the per-element bucketing (forward) and the
+    per-bucket sums (backward); values and every gradient still equal the reference."""
+    spec = fa.RelativeBias(8, 16, bidirectional)
+    keys = jax.random.split(jax.random.key(21), 5)
+    q, k, v = (jax.random.normal(key, (1, 64, HEADS, HEAD_DIM)) for key in keys[:3])
+    table = jax.random.normal(keys[3], (HEADS, spec.num_buckets))
+    weights = jax.random.normal(keys[4], q.shape)
+    ids = jnp.ones((1, 64), jnp.int32)
+    dense = np.ones((1, 1, 64, 64), bool)
+    if not bidirectional:
+        dense = dense & np.tril(np.ones((64, 64), bool))
+    static = fa._Static(causal=not bidirectional, bias=spec, block_q=16, block_k=16, q_len=64,
+                        kv_len=64, platform="cpu")
+    row = table[:1]  # the (1, buckets) row a kernel sees
+
+    def far(q_start, k_start):
+        return bool(fa._far_tile(static, jnp.int32(q_start), jnp.int32(k_start), row)[0])
+
+    assert far(0, 32) and far(32, 0) and far(0, 48) and far(48, 16)
+    assert not (far(0, 16) or far(16, 0) or far(32, 32))
+
+    def flash(q, k, v, table):
+        return fa.flash_attention(q, k, v, ids, ids, causal=not bidirectional,
+                                  relative_table=table, relative_bias=spec, block_q=16,
+                                  block_k=16)
+
+    def reference(q, k, v, table):
+        return _reference(q, k, v, dense, table, spec)
+
+    np.testing.assert_allclose(flash(q, k, v, table), reference(q, k, v, table), rtol=1e-5,
+                               atol=1e-5)
+    grads = [jax.grad(lambda *a, fn=fn: jnp.sum(fn(*a) * weights), argnums=(0, 1, 2, 3))(
+        q, k, v, table) for fn in (flash, reference)]
+    for what, a, b in zip(("dq", "dk", "dv", "dtable"), *grads):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=what)
 
 
 @pytest.mark.parametrize("causal", [False, True])
