@@ -161,6 +161,7 @@ def test_beam_scores_equal_teacher_forced_scores(t5_model):
     assert finished >= 6  # most beams end within 8 tokens on a vocabulary of 6
 
 
+@pytest.mark.slow  # (default suite under 15 minutes: sampling's maths is tested above)
 def test_sampling_on_the_cache(t5_model):
     model, params = t5_model
     greedy = _decode(model, params, decoding.DecodeConfig())

@@ -42,6 +42,7 @@ def test_planner_reports_sharded_bytes_and_fit(tmp_path):
     assert "peak estimate" in result.stdout and "TPU v4" in result.stdout
 
 
+@pytest.mark.slow  # a subprocess (~20 s); the same partitioning check runs in test_sharding
 def test_planner_rejects_a_mesh_that_does_not_fit_the_model(tmp_path):
     result, _ = _plan(tmp_path, "--num_devices=8", "--mesh_shape=1,8",
                       "--layout=model_parallel")
