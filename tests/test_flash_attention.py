@@ -20,6 +20,8 @@ from t5x_like.models.encoder_decoder import EncoderDecoderModel
 from tests.test_remat import T5_CONFIG, _init, _loss_and_grads
 
 HEADS, HEAD_DIM = 2, 8
+# (kernel platform, platform lowered for, the custom call its kernels become)
+ACCELERATORS = [("gpu", "cuda", "__gpu$xla.gpu.triton"), ("tpu", "tpu", "tpu_custom_call")]
 
 
 @pytest.mark.parametrize("bidirectional", [True, False])
@@ -147,8 +149,7 @@ def test_tiles_beyond_max_distance_take_the_one_bucket_path(bidirectional):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("platform,lowering_platform,custom_call", [
-    ("gpu", "cuda", "__gpu$xla.gpu.triton"), ("tpu", "tpu", "tpu_custom_call")])
+@pytest.mark.parametrize("platform,lowering_platform,custom_call", ACCELERATORS)
 def test_kernels_lower_through_triton_and_mosaic(platform, lowering_platform, custom_call,
                                                  causal):
     """Triton and Mosaic accept only part of what the interpreter runs (no gathers or array
@@ -259,8 +260,7 @@ def test_a_t5_model_trains_the_same_with_the_flash_kernel(scan_layers):
     assert tables and all(float(jnp.abs(t).sum()) > 0 for t in tables)
 
 
-@pytest.mark.parametrize("platform,lowering_platform,custom_call", [
-    ("gpu", "cuda", "__gpu$xla.gpu.triton"), ("tpu", "tpu", "tpu_custom_call")])
+@pytest.mark.parametrize("platform,lowering_platform,custom_call", ACCELERATORS)
 def test_a_bfloat16_t5_step_with_the_kernel_lowers_for_accelerators(platform, lowering_platform,
                                                                    custom_call):
     """The model's own calls (encoder, causal decoder and cross-attention masks, bias tables,
