@@ -251,11 +251,9 @@ class Checkpointer:
         self.interrupted_saves = sorted(
             name.rstrip("/") for name in storage.listdir(self.directory)
             if self._TMP_MARKER in name)
-        self.manager = ocp.CheckpointManager(
-            self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                                 enable_async_checkpointing=True,
-                                                 cleanup_tmp_directories=True))
+        self.manager = params_io.orbax_manager(
+            self.directory, max_to_keep=keep, create=True, enable_async_checkpointing=True,
+            cleanup_tmp_directories=True)
         self._unmanifested: int | None = None
         self._checked: set[int] = set()  # steps whose manifest was verified (once per step)
 

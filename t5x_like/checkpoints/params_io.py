@@ -6,9 +6,11 @@ of another size or vocabulary is refused with a message instead of a shape error
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, Callable
 
+import jax
 import orbax.checkpoint as ocp
 
 from t5x_like import storage
@@ -17,8 +19,34 @@ from t5x_like.models.t5 import T5Config
 Params = Any
 
 
-def _manager(directory: str, **options: Any) -> ocp.CheckpointManager:
-    return ocp.CheckpointManager(storage.resolve(directory),
+# Replica-parallel saving splits each replicated array among its replicas so that several
+# hosts write parts of it. Each part is cut by a slice that XLA compiles once per array shape
+# and replica offset: on 8 data-parallel devices a 30-array tree cost 240 compiles and 18 s on
+# its first save, against 0.04 s without. Within one host the same process writes every part
+# anyway, so the split only pays when replicas span hosts, and then only for large arrays.
+REPLICA_PARALLEL_MIN_SLICE_BYTES = 16 << 20
+
+
+@functools.lru_cache(maxsize=None)
+def use_array_handler_for_this_job() -> None:
+    """Register orbax's jax.Array handler with replica-parallel saving only across hosts and
+    for slices of at least REPLICA_PARALLEL_MIN_SLICE_BYTES (once per process; the files a
+    checkpoint holds read back the same either way)."""
+    ocp.type_handlers.register_type_handler(
+        jax.Array,
+        ocp.type_handlers.ArrayHandler(
+            use_replica_parallel=jax.process_count() > 1,
+            min_slice_bytes_for_replica_parallel=REPLICA_PARALLEL_MIN_SLICE_BYTES),
+        override=True)
+
+
+def orbax_manager(directory: str, item_handlers: Any = None,
+                  **options: Any) -> ocp.CheckpointManager:
+    """An orbax CheckpointManager on `directory` (a local path or bucket URL) with `options`
+    (CheckpointManagerOptions fields), saving through this job's array handler
+    (`use_array_handler_for_this_job`)."""
+    use_array_handler_for_this_job()
+    return ocp.CheckpointManager(storage.resolve(directory), item_handlers=item_handlers,
                                  options=ocp.CheckpointManagerOptions(**options))
 
 
@@ -26,7 +54,7 @@ def save_params(directory: str, params: Params, config: T5Config, step: int = 0,
                 keep: int | None = None) -> str:
     """Write `params` and `config` as step `step` of an orbax checkpoint directory (keeping
     the newest `keep` steps; None keeps all)."""
-    with _manager(directory, max_to_keep=keep, create=True) as manager:
+    with orbax_manager(directory, max_to_keep=keep, create=True) as manager:
         manager.save(step, args=ocp.args.Composite(
             params=ocp.args.StandardSave(params), config=ocp.args.JsonSave(config.to_json())))
         manager.wait_until_finished()
@@ -35,7 +63,7 @@ def save_params(directory: str, params: Params, config: T5Config, step: int = 0,
 
 def restore_config(directory: str, step: int | None = None) -> Any:
     """The model config saved beside the parameters (see `config_from_json`)."""
-    with _manager(directory) as manager:
+    with orbax_manager(directory) as manager:
         step = manager.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"No checkpoint in {directory}.")
@@ -59,7 +87,7 @@ def config_from_json(data: dict) -> Any:
 def restore_params(directory: str, abstract_params: Params,
                    step: int | None = None) -> Params:
     """Parameters restored onto the shardings/dtypes of `abstract_params` (ShapeDtypeStructs)."""
-    with _manager(directory) as manager:
+    with orbax_manager(directory) as manager:
         step = manager.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"No checkpoint in {directory}.")
@@ -162,7 +190,7 @@ def restore_saved_params(directory: str, step: int | None = None) -> Params:
 def _saved_structure(directory: str, step: int | None) -> dict:
     """The saved parameter tree's shapes and dtypes (orbax metadata; no array is read)."""
     handlers = {"params": ocp.StandardCheckpointHandler()}
-    with ocp.CheckpointManager(storage.resolve(directory), item_handlers=handlers) as manager:
+    with orbax_manager(directory, item_handlers=handlers) as manager:
         step = manager.latest_step() if step is None else step
         metadata = manager.item_metadata(step)
     tree = metadata["params"]
