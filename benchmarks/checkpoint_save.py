@@ -61,7 +61,7 @@ def measure(variant: str, saves: int) -> dict[str, Any]:
     counter = _CompileCounter()
     logging.getLogger("jax").addHandler(counter)
     times, compiles = [], []
-    for i in range(saves):
+    for _ in range(saves):
         state = state.replace(step=state.step + 1)
         counter.count = 0
         start = time.perf_counter()
