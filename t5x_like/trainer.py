@@ -24,7 +24,7 @@ import optax
 import orbax.checkpoint as ocp
 from jax.sharding import Mesh
 
-from t5x_like import partitioning, storage
+from t5x_like import optimizers, partitioning, storage
 from t5x_like.config import ConfigError
 from t5x_like.checkpoints import params_io
 from t5x_like.models import base
@@ -195,7 +195,7 @@ def make_train_step(model: Model, optimizer: optax.GradientTransformation,
                               jnp.nan, 1.0)
             grads = jax.tree_util.tree_map(lambda g: g * fault.astype(g.dtype), grads)
             metrics["loss"] = metrics["loss"] * fault
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optimizers.global_norm(grads)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         step = state.step + 1
@@ -209,7 +209,7 @@ def make_train_step(model: Model, optimizer: optax.GradientTransformation,
         metrics = {**metrics,
                    "learning_rate": learning_rate_fn(state.step),
                    "grad_norm": grad_norm,
-                   "param_norm": optax.global_norm(params),
+                   "param_norm": optimizers.global_norm(params),
                    "nonfinite": (~finite).astype(jnp.int32)}
         return TrainState(step, params, opt_state), metrics
 

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from t5x_like import optimizers
 
@@ -104,3 +105,59 @@ def test_bert_learning_rate_is_warmup_then_linear_decay_from_step_zero():
     np.testing.assert_allclose(float(lr(10_000)), 1e-4 * 0.9, rtol=1e-6)
     np.testing.assert_allclose(float(lr(55_000)), 1e-4 * 0.45, rtol=1e-6)
     assert float(lr(100_000)) == 0.0
+
+
+def _every_kind_of_parameter(rng):
+    """One parameter per branch of Adafactor: factored with the large axis first (embedding)
+    and second (an MLP kernel), 3-D attention kernels in both orientations, an unfactored
+    matrix (the relative bias table) and a vector (a norm scale)."""
+    shapes = {"embedding": (600, 160), "wi": (160, 384), "q": (160, 4, 40),
+              "out": (4, 40, 160), "rel_bias": (32, 4), "scale": (160,)}
+    return {k: jnp.asarray(rng.normal(size=s) * 0.05, jnp.float32) for k, s in shapes.items()}
+
+
+@pytest.mark.parametrize("sums_as_dots", [True, False], ids=["dots", "reductions"])
+@pytest.mark.parametrize("schedule", [True, False], ids=["schedule", "constant"])
+def test_fused_adafactor_equals_optax_composition_over_steps(sums_as_dots, schedule,
+                                                              monkeypatch):
+    """`t5_adafactor` computes optax's Adafactor chain in one pass per parameter (and on CPU
+    with dot products for its sums): three steps give the same parameters and the same state,
+    which keeps checkpoints written by either interchangeable."""
+    monkeypatch.setattr(optimizers, "_sums_as_dots", lambda: sums_as_dots)
+    rng = np.random.default_rng(1)
+    params = _every_kind_of_parameter(rng)
+    # The schedule changes between the steps (0.01, 0.01, 0.0071): the fused update must read
+    # the learning rate at the schedule's own step count.
+    lr = optimizers.inverse_sqrt_schedule(warmup_steps=1, scale=0.01) if schedule else 0.01
+    ours, reference = optimizers.t5_adafactor(lr), optimizers.optax_t5_adafactor(lr)
+    state = ours.init(params)
+    assert jax.tree_util.tree_structure(state) == jax.tree_util.tree_structure(
+        reference.init(params))
+    ref_params, ref_state = params, reference.init(params)
+    for step in range(3):
+        grads = jax.tree_util.tree_map(
+            lambda p: jnp.asarray(rng.normal(size=p.shape) * 10.0 ** -step, p.dtype), params)
+        # An embedding row no example touched has a zero gradient: its moments are eps alone.
+        grads["embedding"] = grads["embedding"].at[7].set(0.0)
+        updates, state = jax.jit(ours.update)(grads, state, params)
+        params = optax.apply_updates(params, updates)
+        ref_updates, ref_state = jax.jit(reference.update)(grads, ref_state, ref_params)
+        ref_params = optax.apply_updates(ref_params, ref_updates)
+        for name in params:
+            np.testing.assert_allclose(updates[name], ref_updates[name], rtol=1e-5, atol=1e-9,
+                                       err_msg=f"step {step}: {name}")
+            # Parameters cross zero: float32 rounding is relative to their scale, not value.
+            np.testing.assert_allclose(params[name], ref_params[name], rtol=0,
+                                       atol=1e-6 * float(jnp.max(jnp.abs(ref_params[name]))))
+        for ours_leaf, ref_leaf in zip(jax.tree_util.tree_leaves(state),
+                                       jax.tree_util.tree_leaves(ref_state)):
+            np.testing.assert_allclose(ours_leaf, ref_leaf, rtol=1e-5)
+    assert float(state.inner[0].count) == 3
+
+
+def test_global_norm_as_dots_equals_optax():
+    rng = np.random.default_rng(2)
+    tree = _every_kind_of_parameter(rng)
+    np.testing.assert_allclose(optimizers.global_norm(tree), optax.global_norm(tree), rtol=1e-6)
+    tree["scale"] = tree["scale"].at[3].set(jnp.inf)
+    assert not np.isfinite(optimizers.global_norm(tree))
