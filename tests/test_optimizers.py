@@ -161,3 +161,10 @@ def test_global_norm_as_dots_equals_optax():
     np.testing.assert_allclose(optimizers.global_norm(tree), optax.global_norm(tree), rtol=1e-6)
     tree["scale"] = tree["scale"].at[3].set(jnp.inf)
     assert not np.isfinite(optimizers.global_norm(tree))
+
+
+def test_fused_adafactor_without_params_says_what_to_pass():
+    params = {"w": jnp.ones((4,), jnp.float32)}
+    tx = optimizers.t5_adafactor(0.01)
+    with pytest.raises(ValueError, match="with the parameters"):
+        tx.update(params, tx.init(params))
