@@ -84,9 +84,9 @@ def t5_adafactor(learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransfo
     The same update and the same state (checkpoints are interchangeable) as
     `optax_t5_adafactor`, computed per parameter in one expression instead of a chain of five
     transforms (XLA fuses it into fewer passes over the parameters), and on CPU with the sums as
-    matrix-vector products (see `_sums_as_dots`): the standard benchmark config's update with the step's
-    two norm metrics measured 201-236 ms with optax's composition and 144-151 ms this way on
-    2 CPU cores (benchmarks/README).
+    matrix-vector products (see `_sums_as_dots`): the standard benchmark config's update with
+    the step's two norm metrics measured 201-236 ms with optax's composition and 144-151 ms
+    this way on 2 CPU cores (benchmarks/README).
     """
     reference = optax_t5_adafactor(learning_rate)
 
@@ -182,8 +182,8 @@ def _t5_adafactor_update(learning_rate, grads, state, params, sums_as_dots: bool
 
 def _factored_moments(g: jax.Array, small: int, large: int, as_dots: bool):
     """Means of g**2 over the `large` and the `small` axis of a matrix, and a function giving
-    sum(u**2) for u = g * row_factor (along `small`'s other axis) * col_factor, which as dots
-    needs no pass over u: sum_ij g_ij**2 a_i b_j = a . (g**2 b)."""
+    sum(u**2) for u = g * row_factor (a vector along the `small` axis) * col_factor (along
+    `large`), which as dots needs no pass over u: sum_ij g_ij**2 a_i b_j = a . (g**2 b)."""
     if not as_dots:
         square = jnp.square(g)
         return (jnp.mean(square, axis=large), jnp.mean(square, axis=small),
