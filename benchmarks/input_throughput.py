@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import statistics
 import time
 from typing import Any
@@ -147,9 +146,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--out", default="benchmarks/results/input_throughput.json")
     args = parser.parse_args(argv)
     rows = run(args.pipelines.split(","), args.batch, args.batches, args.step_steps)
-    results_io.write_json(args.out, {"rows": rows, "host_cpus": os.cpu_count(),
-                                     "jax": jax.__version__,
-                                     "date": time.strftime("%Y-%m-%d %H:%M:%S")})
+    results_io.write_rows(args.out, rows)
     return rows
 
 

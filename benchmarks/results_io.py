@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from importlib import metadata
 from typing import Any
 
 
@@ -13,3 +15,9 @@ def write_json(path: str, data: Any) -> None:
     with open(path, "w") as f:
         json.dump(data, f, indent=2)
     print(f"wrote {path}")
+
+
+def write_rows(path: str, rows: list[dict[str, Any]]) -> None:
+    """A benchmark's table rows with what they were measured on and when."""
+    write_json(path, {"rows": rows, "host_cpus": os.cpu_count(), "jax": metadata.version("jax"),
+                      "date": time.strftime("%Y-%m-%d %H:%M:%S")})

@@ -58,6 +58,10 @@ def remove(path: str) -> None:
     _tf().io.gfile.remove(path)
 
 
+def remove_tree(path: str) -> None:
+    _tf().io.gfile.rmtree(path)
+
+
 def read_text(path: str) -> str:
     with _tf().io.gfile.GFile(path, "r") as f:
         return f.read()

@@ -19,7 +19,7 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import gin
 import jax
@@ -202,16 +202,21 @@ def train(
         _log(f"Note: the interrupted run read {saved_order}; this one reads {order}, so the "
              "batches from here on differ from the ones it would have seen.")
 
-    def train_batches(phase_index: int, step: int) -> Iterator[dict[str, np.ndarray]]:
-        """The phase's stream (seeded by the step the phase starts at), from `step` on."""
+    def train_batches(phase_index: int, step: int) -> train_data.HostBatches:
+        """The phase's stream (seeded by the step the phase starts at), from `step` on: where
+        the checkpoint of `step` saved it, else by skipping the phase's batches before it."""
         first = _phase_start(phase_plan, phase_index)
+        stream = train_data.HostBatches(
+            dataclasses.replace(order, seed=seed + first), phase_plan[phase_index][1],
+            start_batch=step - first, pack=pack, model=model,
+            restore_from=train_data.input_state_dir(model_dir, step) if step > first else None)
         if step > first:
-            _log(f"step {step:>7}  input pipeline: skipping the {step - first} batches before "
-                 "this step so the data continues exactly where the run left it")
-        return train_data.host_batches(dataclasses.replace(order, seed=seed + first),
-                                       phase_plan[phase_index][1], start_batch=step - first,
-                                       pack=pack, model=model)
+            _log(f"step {step:>7}  input pipeline: {stream.how_started}, so the data continues "
+                 "exactly where the run left it")
+        input_position.update(stream=stream, first=first)
+        return stream
 
+    input_position: dict = {}  # the stream `save` records: {"stream", "first": its phase start}
     phase = _phase_at(phase_plan, start_step)
     feature_lengths = dict(phase_plan[phase][1])
     train_iter = train_batches(phase, start_step)
@@ -243,8 +248,24 @@ def train(
 
     def save(state: trainer.TrainState) -> None:
         pending = sum(int(m["nonfinite"]) for m in jax.device_get(window))
+        _save_input_position(int(state.step))
         checkpointer.save(state, cfg, {"data_order": order.to_json(),
                                        "nonfinite_steps": nonfinite_logged + pending})
+        kept = checkpointer.steps()
+        if kept and jax.process_index() == 0:
+            train_data.remove_input_states_before(model_dir, min(kept))
+
+    def _save_input_position(step: int) -> None:
+        """Save the input pipeline beside the checkpoint of `step`, if it stands at that step
+        (after a non-finite stop it has read one batch more: a resume then skips instead)."""
+        stream = input_position["stream"]
+        if stream.position != step - input_position["first"]:
+            return
+        why_not = stream.save(train_data.input_state_dir(model_dir, step))
+        if why_not and not input_position.get("warned"):
+            input_position["warned"] = True
+            _log(f"step {step:>7}  Note: the input pipeline's position could not be saved "
+                 f"({why_not}); a resume will re-read the batches before its step instead.")
     eval_step = trainer.make_eval_step(model, layout)
 
     writer = metric_writers.create_default_writer(
@@ -337,7 +358,8 @@ def train(
     checkpointer.close()
     writer.flush()
 
-    if num_predictions and not preempted and jax.process_index() == 0 and hasattr(model, "predict_batch"):
+    if (num_predictions and not preempted and jax.process_index() == 0
+            and hasattr(model, "predict_batch")):
         show_predictions(model, jax.device_get(state.params), task, feature_lengths,
                          num_predictions)
     return state

@@ -108,6 +108,16 @@ def test_input_benchmark_counts_real_tokens(tmp_path):
     assert 0.5 * 512 < per_row <= 512
 
 
+@pytest.mark.slow  # three pipelines (~35 s); test_exact_resume covers the restore by default
+def test_resume_benchmark_restores_the_batch_skipping_reads(tmp_path):
+    """(The benchmark itself checks the restored first batch equals the skipped one's.)"""
+    from benchmarks import resume_input
+
+    (row,) = resume_input.main(["--pipelines", "packed_lm", "--batch", "4", "--at", "3",
+                                "--out", str(tmp_path / "resume.json")])
+    assert row["resume_at_batch"] == 3 and row["state_bytes"] > 0
+
+
 @pytest.mark.slow  # three pipelines and three benchmark-width train steps
 def test_input_benchmark_compares_with_the_step(tmp_path):
     from benchmarks import input_throughput

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import jax
 import numpy as np
@@ -44,6 +45,76 @@ def test_global_batches_are_the_same_on_1_2_and_4_hosts_and_from_any_step():
     # Every row is real data, and the shards differ (rows are not copies of one stream).
     tokens = one_host[0]["encoder_input_tokens"]
     assert (tokens[:, 0] > 0).all() and len({row.tobytes() for row in tokens}) == 8
+
+
+def _concat(batches):
+    return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+
+
+def test_a_saved_input_position_restores_the_stream_on_any_host_count():
+    """The stream one host saved after 3 batches continues, restored on two hosts (each from
+    the saved state of its own data shard), with exactly the batches the uninterrupted stream
+    reads next, without re-reading (the streams say they were restored). A position that does
+    not match the resume step falls back to skipping, and still continues exactly. Saved in
+    TensorFlow's `ram://` filesystem, which stands in for a bucket (`gs://`) here."""
+    saved = f"ram://t5x_like_test/{uuid.uuid4().hex}/input_state/3"
+    order = train_data.DataOrder("offline_span_corruption", batch_size=4, seed=5, data_shards=2)
+    one = dict(process_index=0, process_count=1)
+    stream = train_data.HostBatches(order, LENGTHS, **one)
+    for _ in range(3):
+        next(stream)
+    assert stream.save(saved) is None
+    expected = [next(stream) for _ in range(2)]
+    assert stream.position == 5
+
+    hosts = [train_data.HostBatches(order, LENGTHS, start_batch=3,
+                                    restore_from=saved, process_index=p,
+                                    process_count=2) for p in range(2)]
+    assert all(h.how_started.startswith("restored") for h in hosts), hosts[0].how_started
+    for expected_batch in expected:
+        got = _concat([next(h) for h in hosts])
+        for key, value in expected_batch.items():
+            np.testing.assert_array_equal(value, got[key], err_msg=key)
+
+    # Saved at batch 3, asked for batch 4: the saved position is not used.
+    skipped = train_data.HostBatches(order, LENGTHS, start_batch=4,
+                                     restore_from=saved, process_index=1,
+                                     process_count=2)
+    assert skipped.how_started.startswith("skipped 4 batches"), skipped.how_started
+    for key, value in next(skipped).items():
+        np.testing.assert_array_equal(value, expected[1][key][2:], err_msg=key)
+
+
+def test_a_pipeline_that_cannot_be_saved_says_why_and_resumes_by_skipping(tmp_path,
+                                                                           monkeypatch):
+    """A Python generator source: TensorFlow cannot checkpoint its iterator. The save reports
+    it instead of failing the run, and the resume skips to the same batch."""
+    import tensorflow as tf
+
+    def generated(*args):
+        return {0: tf.data.Dataset.from_generator(
+            lambda: ({"x": [i]} for i in range(100)),
+            output_signature={"x": tf.TensorSpec([1], tf.int64)})}
+
+    monkeypatch.setattr(train_data, "_shard_datasets", generated)
+    order = train_data.DataOrder("generated", batch_size=1, seed=0, data_shards=1)
+    stream = train_data.HostBatches(order, {}, process_index=0, process_count=1)
+    next(stream), next(stream)
+    why_not = stream.save(str(tmp_path / "2"))
+    assert why_not.startswith("FailedPreconditionError") and "stateful" in why_not, why_not
+    resumed = train_data.HostBatches(order, {}, start_batch=2, restore_from=str(tmp_path / "2"),
+                                     process_index=0, process_count=1)
+    assert resumed.how_started.startswith("skipped 2 batches (no saved position"), \
+        resumed.how_started
+    assert next(resumed)["x"].tolist() == [2] == next(stream)["x"].tolist()
+
+
+def test_saved_input_positions_are_pruned_with_the_checkpoints(tmp_path):
+    for step in (2, 4, 6):
+        os.makedirs(train_data.input_state_dir(str(tmp_path), step))
+    os.makedirs(tmp_path / train_data.INPUT_STATE_DIR / "notes")
+    train_data.remove_input_states_before(str(tmp_path), 4)
+    assert sorted(os.listdir(tmp_path / train_data.INPUT_STATE_DIR)) == ["4", "6", "notes"]
 
 
 def test_data_shards_are_checked_before_any_work():
@@ -120,6 +191,7 @@ def test_kill_9_at_a_random_step_then_rerun_is_bit_identical(devices, tmp_path):
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"Resumed from the checkpoint at step {resumed_from}" in resumed.stdout
+    assert "input pipeline: restored from" in resumed.stdout  # no batch re-read
     expected, got = _losses(reference.stdout), _losses(resumed.stdout)
     assert sorted(got) == list(range(resumed_from + 1, steps + 1))
     assert {s: expected[s] for s in got} == got
@@ -161,6 +233,7 @@ def test_a_run_resumed_on_two_hosts_sees_the_same_batches_as_on_one(tmp_path):
     expected = _losses(reference.stdout)
     for i, out in enumerate(outputs):
         assert f"[process {i}/2] Resumed from the checkpoint at step 4" in out
+        assert "input pipeline: restored from" in out  # the shard the one process saved
         lines = [line.split("] ", 1)[1] for line in out.splitlines() if line.startswith("[")]
         got = _losses("\n".join(lines))
         assert sorted(got) == [5, 6, 7, 8]
