@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from t5x_like import optimizers
 from t5x_like.models.bert import BertConfig
 from t5x_like.models.decoder_only import GPTConfig
 from t5x_like.models.t5 import T5Config
@@ -31,6 +32,15 @@ class Family:
     feature_lengths: Callable[[int, int], dict[str, int]]
     # tokens the model reads per example, for tokens/s
     tokens_per_example: Callable[[int, int], int]
+    # the paper's optimizer (`optimizers.make_optimizer` name): Adafactor for T5, Adam for BERT
+    # and GPT
+    optimizer: str = "adafactor"
+
+    def make_optimizer(self) -> tuple[Any, Any]:
+        """(learning-rate schedule, optimizer) of the family's recipe, gin defaults."""
+        lr = (optimizers.inverse_sqrt_schedule() if self.optimizer == "adafactor"
+              else optimizers.bert_learning_rate())
+        return lr, optimizers.make_optimizer(self.optimizer, lr)
 
 
 def _ids(rng: np.random.Generator, vocab_size: int, shape: tuple[int, ...]) -> np.ndarray:
@@ -116,7 +126,7 @@ FAMILIES: dict[str, Family] = {
                   attention_dropout_rate=0.0, pre_layer_norm=True, activation="gelu"),
         _decoder_only_model, decoder_only_batch,
         lambda inputs, targets: {"inputs": inputs, "targets": targets},
-        lambda inputs, targets: inputs + targets),
+        lambda inputs, targets: inputs + targets, optimizer="adamw"),
     "bert": Family(
         BertConfig,
         BertConfig(vocab_size=32128, hidden_size=256, num_layers=4, num_heads=4,
@@ -124,5 +134,5 @@ FAMILIES: dict[str, Family] = {
                    attention_dropout_rate=0.0),
         _bert_model, bert_batch,
         lambda inputs, targets: {"inputs": inputs, "targets": targets},
-        lambda inputs, targets: inputs),
+        lambda inputs, targets: inputs, optimizer="adamw"),
 }

@@ -33,7 +33,7 @@ import numpy as np
 
 from benchmarks import results_io
 from benchmarks.families import FAMILIES
-from t5x_like import input_pipeline, optimizers, partitioning, trainer
+from t5x_like import input_pipeline, partitioning, trainer
 
 def _vocab_size(task: str) -> int:
     features = input_pipeline.resolve_task(task).output_features
@@ -83,10 +83,10 @@ def time_pipeline(task: str, lengths: dict[str, int], model: Any, batch_size: in
             "tokens_per_s": tokens / seconds, "batch": first}
 
 
-def time_step(model: Any, batch: dict[str, np.ndarray], steps: int) -> float:
-    """Median seconds of the trainer's step on `batch` (one device)."""
-    lr = optimizers.inverse_sqrt_schedule()
-    optimizer = optimizers.t5_adafactor(lr)
+def time_step(family: str, model: Any, batch: dict[str, np.ndarray], steps: int) -> float:
+    """Median seconds of the trainer's step on `batch` (one device), with the family's
+    recipe optimizer."""
+    lr, optimizer = FAMILIES[family].make_optimizer()
     mesh = partitioning.make_mesh(mesh_shape=(1, 1), devices=jax.devices()[:1])
     rules = partitioning.logical_axis_rules("auto", num_partitions=1)
     layout = trainer.make_layout(model, optimizer, mesh, rules)
@@ -118,7 +118,7 @@ def run(names: list[str], batch_size: int, num_batches: int, step_steps: int
         row = {"pipeline": name, "task": task, "feature_lengths": lengths, "batch": batch_size,
                **timed}
         if step_steps:
-            step_s = time_step(model, batch, step_steps)
+            step_s = time_step(family, model, batch, step_steps)
             row.update(step_s=step_s, step_examples_per_s=batch_size / step_s,
                        headroom=row["examples_per_s"] / (batch_size / step_s))
         rows.append(row)

@@ -5,8 +5,9 @@
 A shared CPU VM drifts by ±7 % and more between runs minutes apart, so two benchmark runs one
 after the other cannot show a 3 % regression. This check extracts `--base` (any git revision)
 into a temporary directory and starts one worker process per tree (the base and this
-checkout). Each worker compiles the standard benchmark step (`benchmarks.families`, T5, batch
-8 x 512 + 128, the trainer's own sharded step on one device) once, then waits; the parent
+checkout). Each worker compiles the standard benchmark step (`benchmarks.families`: T5, or
+`--family`, with its recipe's optimizer; batch 8 x 512 + 128, the trainer's own sharded step on
+one device) once, then waits; the parent
 asks them for one step at a time, alternating A B B A, so both see the same machine. It prints
 the median step of each, the per-round ratio head/base (median and interquartile range) and a
 verdict, writes JSON, and exits 1 on a regression: the head slower in at least three rounds
@@ -42,7 +43,7 @@ def _interleave():
     return module
 
 
-def _worker(batch: int, inputs: int, targets: int) -> None:
+def _worker(family_name: str, batch: int, inputs: int, targets: int) -> None:
     """Runs inside a tree (its code on sys.path): compile the step, then serve one step per
     request (`interleave.serve`)."""
     import jax
@@ -51,11 +52,17 @@ def _worker(batch: int, inputs: int, targets: int) -> None:
     from benchmarks.families import FAMILIES
     from t5x_like import optimizers, partitioning, trainer
 
-    family = FAMILIES["t5"]
+    family = FAMILIES[family_name]
     cfg = family.benchmark_config
     model = family.make_model(cfg, None)
-    lr = optimizers.inverse_sqrt_schedule()
-    optimizer = optimizers.t5_adafactor(lr)
+    if hasattr(family, "make_optimizer"):
+        lr, optimizer = family.make_optimizer()
+    elif family_name == "t5":  # a base from before families named their optimizer
+        lr = optimizers.inverse_sqrt_schedule()
+        optimizer = optimizers.t5_adafactor(lr)
+    else:
+        raise SystemExit(f"This tree's benchmarks/families.py predates per-family optimizers: "
+                         f"--family {family_name} needs a newer --base.")
     mesh = partitioning.make_mesh(mesh_shape=(1, 1), devices=jax.devices()[:1])
     rules = partitioning.logical_axis_rules("auto", num_partitions=1)
     layout = trainer.make_layout(model, optimizer, mesh, rules)
@@ -79,7 +86,8 @@ def _worker(batch: int, inputs: int, targets: int) -> None:
 def _start_worker(tree: str, args: argparse.Namespace, name: str):
     env = {**os.environ, "PYTHONPATH": tree, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")}
     return _interleave().StepServer(
-        [sys.executable, os.path.abspath(__file__), "--worker", "--batch", str(args.batch),
+        [sys.executable, os.path.abspath(__file__), "--worker", "--family", args.family,
+         "--batch", str(args.batch),
          "--inputs", str(args.inputs), "--targets", str(args.targets)],
         cwd=tree, env=env, name=f"{name} worker ({tree})")
 
@@ -132,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=10, help="A B B A rounds (>= 4)")
     parser.add_argument("--tolerance", type=float, default=0.03,
                         help="slow-down below which no regression is reported")
+    parser.add_argument("--family", default="t5", choices=["t5", "decoder_only", "bert"],
+                        help="whose standard benchmark step (benchmarks.families)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--inputs", type=int, default=512)
     parser.add_argument("--targets", type=int, default=128)
@@ -139,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="benchmarks/results/step_regression.json")
     args = parser.parse_args(argv)
     if args.worker:
-        _worker(args.batch, args.inputs, args.targets)
+        _worker(args.family, args.batch, args.inputs, args.targets)
         return 0
     if args.rounds < 4:
         parser.error("--rounds must be at least 4 (the verdict uses quartiles).")

@@ -43,7 +43,7 @@ import jax
 
 from benchmarks import hf_t5_step, interleave, op_profile, results_io
 from benchmarks.families import FAMILIES
-from t5x_like import flops, hardware, optimizers, partitioning, trainer
+from t5x_like import flops, hardware, partitioning, trainer
 from t5x_like.config import load_model_config
 from t5x_like.models.t5 import T5Config, count_params
 
@@ -62,8 +62,7 @@ def run(cfg: Any, batch: int, inputs: int, targets: int, steps: int,
     other's times and the per-round ratio other / ours (> 1: ours is faster)."""
     family = next(f for f in FAMILIES.values() if isinstance(cfg, f.config_class))
     model = family.make_model(cfg, loss_chunk_length)
-    lr = optimizers.inverse_sqrt_schedule()
-    optimizer = optimizers.t5_adafactor(lr)
+    lr, optimizer = family.make_optimizer()
     mesh = partitioning.make_mesh(mesh_shape=mesh_shape or (jax.device_count(), 1))
     rules = partitioning.logical_axis_rules(layout_name,
                                             num_partitions=partitioning.model_axis_size(mesh))
