@@ -11,6 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from t5x_like import reductions
+
 
 def inverse_sqrt_schedule(warmup_steps: int = 10_000, scale: float = 1.0) -> optax.Schedule:
     """T5 pretraining: scale / sqrt(max(step, warmup_steps)).
@@ -83,10 +85,10 @@ def t5_adafactor(learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransfo
 
     The same update and the same state (checkpoints are interchangeable) as
     `optax_t5_adafactor`, computed per parameter in one expression instead of a chain of five
-    transforms (XLA fuses it into fewer passes over the parameters), and on CPU with the sums as
-    matrix-vector products (see `_sums_as_dots`): the standard benchmark config's update with
-    the step's two norm metrics measured 201-236 ms with optax's composition and 144-151 ms
-    this way on 2 CPU cores (benchmarks/README).
+    transforms (XLA fuses it into fewer passes over the parameters), and on CPU with the sums
+    as matrix-vector products (see `t5x_like.reductions`): the standard benchmark config's
+    update with the step's two norm metrics measured 201-236 ms with optax's composition and
+    144-151 ms this way on 2 CPU cores (benchmarks/README).
     """
     reference = optax_t5_adafactor(learning_rate)
 
@@ -94,34 +96,17 @@ def t5_adafactor(learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransfo
         if params is None:
             raise ValueError("t5_adafactor scales updates by each parameter's RMS: call "
                              "update(grads, state, params) with the parameters.")
-        return _t5_adafactor_update(learning_rate, updates, state, params, _sums_as_dots())
+        return _t5_adafactor_update(learning_rate, updates, state, params,
+                                    reductions.sums_as_dots())
 
     return optax.GradientTransformation(reference.init, update)
 
 
-def _sums_as_dots() -> bool:
-    """Whether to take the optimizer's sums of squares as matrix products.
-
-    XLA CPU hands dots to YNNPACK but emits reductions as two-stage `reduce-window` loops,
-    about half as fast; on TPU and GPU reductions are fast and a float32 dot at default
-    precision would round its inputs (bfloat16 passes, TF32), so there they stay reductions.
-    """
-    return jax.default_backend() == "cpu"
-
-
-def sum_of_squares(x: jax.Array, as_dot: bool) -> jax.Array:
-    """sum(x**2) in float32, as a dot of `x` with itself when `as_dot` (see `_sums_as_dots`)."""
-    if as_dot:
-        flat = x.reshape(-1)
-        return jnp.vdot(flat, flat, precision=jax.lax.Precision.HIGHEST,
-                        preferred_element_type=jnp.float32)
-    return jnp.sum(jnp.square(x.astype(jnp.float32)))
-
-
 def global_norm(tree) -> jax.Array:
     """optax.global_norm (the L2 norm of all leaves together), with the sums as dots on CPU."""
-    as_dot = _sums_as_dots()
-    return jnp.sqrt(sum(sum_of_squares(x, as_dot) for x in jax.tree_util.tree_leaves(tree)))
+    as_dot = reductions.sums_as_dots()
+    return jnp.sqrt(sum(reductions.sum_of_squares(x, as_dot)
+                        for x in jax.tree_util.tree_leaves(tree)))
 
 
 def _factored_axes(shape: tuple[int, ...]) -> tuple[int, int] | None:
@@ -159,7 +144,7 @@ def _t5_adafactor_update(learning_rate, grads, state, params, sums_as_dots: bool
             v = decay * v + (1.0 - decay) * (jnp.square(g) + eps)
             v = v.astype(p.dtype)
             u = g * jax.lax.rsqrt(v)
-            u_squares = sum_of_squares(u, sums_as_dots)
+            u_squares = reductions.sum_of_squares(u, sums_as_dots)
         else:
             small, large = axes
             row_mean, col_mean, u_squares_of = _factored_moments(g, small, large, sums_as_dots)
@@ -170,7 +155,8 @@ def _t5_adafactor_update(learning_rate, grads, state, params, sums_as_dots: bool
             u = g * jnp.expand_dims(row_factor, large) * jnp.expand_dims(col_factor, small)
             u_squares = u_squares_of(row_factor, col_factor)
         clip = jnp.maximum(1.0, jnp.sqrt(u_squares / u.size) / _T5_ADAFACTOR["clipping_threshold"])
-        param_scale = jnp.maximum(jnp.sqrt(sum_of_squares(p, sums_as_dots) / p.size), 1e-3)
+        p_squares = reductions.sum_of_squares(p, sums_as_dots)
+        param_scale = jnp.maximum(jnp.sqrt(p_squares / p.size), 1e-3)
         update = -(lr * param_scale / clip) * u
         return update.reshape(shape).astype(p.dtype), v_row, v_col, v
 

@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from t5x_like import optimizers
+from t5x_like import optimizers, reductions
 
 
 def _plain(lr):
@@ -123,7 +123,7 @@ def test_fused_adafactor_equals_optax_composition_over_steps(sums_as_dots, sched
     """`t5_adafactor` computes optax's Adafactor chain in one pass per parameter (and on CPU
     with dot products for its sums): three steps give the same parameters and the same state,
     which keeps checkpoints written by either interchangeable."""
-    monkeypatch.setattr(optimizers, "_sums_as_dots", lambda: sums_as_dots)
+    monkeypatch.setattr(reductions, "sums_as_dots", lambda: sums_as_dots)
     rng = np.random.default_rng(1)
     params = _every_kind_of_parameter(rng)
     # The schedule changes between the steps (0.01, 0.01, 0.0071): the fused update must read

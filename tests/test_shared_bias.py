@@ -10,11 +10,17 @@ import pytest
 from t5x_like.models import layers
 
 
-@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-6), (jnp.bfloat16, 1e-2)])
-def test_same_values_and_gradients_as_the_plain_sum(dtype, tol):
+@pytest.mark.parametrize("bias_shape", [(1, 2, 5, 7), (7,), (1, 1, 1, 7)],
+                         ids=["over-batch", "lower-rank", "over-three-axes"])
+@pytest.mark.parametrize("dtype,bias_dtype,tol", [
+    (jnp.float32, jnp.float32, 1e-6), (jnp.bfloat16, jnp.bfloat16, 1e-2),
+    (jnp.bfloat16, jnp.float32, 1e-2)], ids=["float32", "bfloat16", "bfloat16+float32-bias"])
+def test_same_values_and_gradients_as_the_plain_sum(bias_shape, dtype, bias_dtype, tol):
+    """T5's relative bias (over the batch) and BERT's masked-LM output bias (a vector over
+    batch and positions; float32 on bfloat16 logits under the mixed policy)."""
     keys = jax.random.split(jax.random.key(0), 3)
     logits = jax.random.normal(keys[0], (3, 2, 5, 7), dtype)
-    bias = jax.random.normal(keys[1], (1, 2, 5, 7), dtype)
+    bias = jax.random.normal(keys[1], bias_shape, bias_dtype)
     weights = jax.random.normal(keys[2], (3, 2, 5, 7), jnp.float32)
 
     def loss(add):

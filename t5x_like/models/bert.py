@@ -189,7 +189,8 @@ class BertForPreTraining(nn.Module):
         predicted = sequence
         if masked_positions is not None:
             predicted = jnp.take_along_axis(sequence, masked_positions[..., None], axis=1)
-        mlm_logits = self.encoder.embeddings.attend(self.mlm(predicted)) + self.mlm_output_bias
+        mlm_logits = layers.add_shared_bias(self.encoder.embeddings.attend(self.mlm(predicted)),
+                                            self.mlm_output_bias)
         return {"mlm_logits": mlm_logits, "nsp_logits": self.nsp(pooled),
                 "pooled": pooled, "sequence": sequence}
 

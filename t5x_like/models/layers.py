@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
+from t5x_like import reductions
 from t5x_like.models import flash_attention
 
 Array = jax.Array
@@ -378,23 +379,27 @@ class RelativePositionBias(nn.Module):
 
 @jax.custom_vjp
 def add_shared_bias(logits: Array, bias: Array) -> Array:
-    """`logits + bias` for a bias broadcast over the batch (T5's relative position bias, one
-    per stack). Same values and gradients as the plain sum; the backward pass materialises the
-    logits' gradient before summing it over the batch, because XLA's CPU backend otherwise
-    fuses that sum with the softmax backward and recomputes it in a slow transposed loop (about
-    6 % of the benchmark step)."""
+    """`logits + bias` for a bias broadcast over leading axes (T5's relative position bias,
+    one per stack, over the batch; BERT's masked-LM output bias over batch and predictions).
+    Same values and gradients as the plain sum. The backward pass materialises the logits'
+    gradient before summing it, because XLA's CPU backend otherwise fuses that sum with the
+    softmax backward and recomputes it in a slow transposed loop (about 6 % of the benchmark
+    step), and sums over the leading axes as a matrix product on CPU
+    (`reductions.sum_to_shape`: XLA's own loop for that shape took ~400 ms of a 3 s step)."""
     return logits + bias
 
 
-def _add_shared_bias_fwd(logits: Array, bias: Array) -> tuple[Array, Array]:
-    return logits + bias, bias  # the bias only for its shape and dtype (no copy)
+def _add_shared_bias_fwd(logits: Array, bias: Array) -> tuple[Array, tuple[Array, Array]]:
+    # The bias only for its shape and dtype (no copy), an empty array for the logits' dtype
+    # (bfloat16 logits plus a float32 bias give float32, whose gradient goes back as bfloat16).
+    return logits + bias, (bias, jnp.zeros((0,), logits.dtype))
 
 
-def _add_shared_bias_bwd(bias: Array, grad: Array) -> tuple[Array, Array]:
+def _add_shared_bias_bwd(saved: tuple[Array, Array], grad: Array) -> tuple[Array, Array]:
+    bias, logits_dtype = saved
     grad = jax.lax.optimization_barrier(grad)
-    axes = tuple(i for i, (g, b) in enumerate(zip(grad.shape, bias.shape)) if b == 1 and g != 1)
-    bias_grad = jnp.sum(grad, axis=axes, keepdims=True).astype(bias.dtype)
-    return grad, jax.lax.optimization_barrier(bias_grad)
+    bias_grad = reductions.sum_to_shape(grad, bias.shape).astype(bias.dtype)
+    return grad.astype(logits_dtype.dtype), jax.lax.optimization_barrier(bias_grad)
 
 
 add_shared_bias.defvjp(_add_shared_bias_fwd, _add_shared_bias_bwd)
