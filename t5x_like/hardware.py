@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import time
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -28,17 +29,25 @@ PEAK_FLOPS_PER_DEVICE = (
 )
 
 
-def measure_matmul_flops(dtype: str = "float32", size: int = 1024, repeats: int = 5) -> float:
-    """Best observed FLOP/s of a size x size matmul on the default device."""
+def matmul_rate_probe(dtype: str = "float32", size: int = 1024) -> Callable[[], float]:
+    """A function that runs one size x size matmul on the default device and returns its
+    FLOP/s (compiled here, once), for sampling the rate between the steps being measured."""
     a = jnp.ones((size, size), dtype)
     f = jax.jit(lambda x: x @ x)
     f(a).block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
+
+    def rate() -> float:
         t = time.perf_counter()
         f(a).block_until_ready()
-        best = min(best, time.perf_counter() - t)
-    return 2 * size ** 3 / best
+        return 2 * size ** 3 / (time.perf_counter() - t)
+
+    return rate
+
+
+def measure_matmul_flops(dtype: str = "float32", size: int = 1024, repeats: int = 5) -> float:
+    """Best observed FLOP/s of a size x size matmul on the default device."""
+    probe = matmul_rate_probe(dtype, size)
+    return max(probe() for _ in range(repeats))
 
 
 def device_peak_flops(device_kind: str) -> float | None:

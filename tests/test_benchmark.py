@@ -26,6 +26,19 @@ def test_benchmark_reports_and_writes_json(tmp_path):
     assert saved["flops_per_step"] >= 6 * 32 * 256 * 8 * 16
     assert 0 < saved["mfu"] < 1.5
     assert saved["compile_s"] > 0 and saved["peak_matmul_flops_per_s"] > 0
+    # Each step against the rate sampled around it: every such rate is at most the run's
+    # best (the `mfu` denominator), so the paired median cannot fall below `mfu`.
+    paired = saved["mfu_paired"]
+    assert paired["q1"] <= paired["median"] <= paired["q3"]
+    assert paired["median"] >= saved["mfu"] - 1e-12
+    assert 0 < paired["matmul_rate_median"] <= saved["peak_matmul_flops_per_s"]
+
+
+def test_paired_mfu_takes_each_step_against_its_own_rate():
+    """Hand-computed: 100 FLOPs in 1 s at 100 FLOP/s, in 2 s at 50, in 4 s at 50 -> MFUs 1, 1,
+    0.5 (against the best rate alone they would be 1, 0.5, 0.25)."""
+    paired = train_throughput.paired_mfu(100.0, [1.0, 2.0, 4.0], [100.0, 50.0, 50.0])
+    assert paired == {"median": 1.0, "q1": 0.75, "q3": 1.0, "matmul_rate_median": 50.0}
 
 
 @pytest.mark.slow  # imports torch + transformers in a second process
