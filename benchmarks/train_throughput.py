@@ -41,13 +41,14 @@ from typing import Any
 
 import jax
 
-from benchmarks import hf_t5_step, interleave, op_profile, results_io
+from benchmarks import hf_t5_step, interleave, matmul_probe, op_profile, results_io
 from benchmarks.families import FAMILIES
 from t5x_like import flops, hardware, partitioning, trainer
 from t5x_like.config import load_model_config
 from t5x_like.models.t5 import T5Config, count_params
 
 BENCHMARK_CONFIG = FAMILIES["t5"].benchmark_config
+PROBE_SIZE = 2048  # the matmul whose best rate is the MFU denominator
 
 
 def run(cfg: Any, batch: int, inputs: int, targets: int, steps: int,
@@ -86,17 +87,25 @@ def run(cfg: Any, batch: int, inputs: int, targets: int, steps: int,
         holder["state"], holder["metrics"] = compiled(holder["state"], data, rng)
         holder["metrics"]["loss"].block_until_ready()
 
-    one_step()  # warm-up
     # On CPU the matmul rate is also sampled right before and right after every timed step,
     # so each step has a peak measured under the same load from the VM's neighbours (see
-    # `paired_mfu`).
+    # `paired_mfu`), in a worker process (`benchmarks.matmul_probe`: sampled here, it made
+    # this process's peak RSS jump now and then).
     on_cpu = jax.devices()[0].platform == "cpu"
-    probe = hardware.matmul_rate_probe(cfg.dtype, size=2048) if on_cpu else None
     rates: list[float] = []
+    if on_cpu:
+        probe_server = interleave.StepServer(matmul_probe.command(cfg.dtype, PROBE_SIZE),
+                                             name="matmul probe")
+        probe_server.wait_ready()
+
+        def probe() -> float:
+            return matmul_probe.rate(probe_server.step(), PROBE_SIZE)
+
+    one_step()  # warm-up
     timed_step = interleave.timed(one_step)
 
     def measured_step() -> float:
-        if probe is None:
+        if not on_cpu:
             return timed_step()
         before = probe()
         seconds = timed_step()
@@ -129,8 +138,12 @@ def run(cfg: Any, batch: int, inputs: int, targets: int, steps: int,
         xla_bytes = int(memory.temp_size_in_bytes + memory.argument_size_in_bytes
                         + memory.output_size_in_bytes - memory.alias_size_in_bytes)
     device_stats = jax.devices()[0].memory_stats() or {}
-    peak_flops, peak_source = hardware.measure_matmul_flops(cfg.dtype, size=2048), "measured"
-    peak_flops = max([peak_flops, *rates])  # the best rate seen, before or between the steps
+    if on_cpu:  # the best rate seen: five samples now, and those taken around the steps
+        peak_flops = max([*(probe() for _ in range(5)), *rates])
+        probe_server.close()
+    else:
+        peak_flops = hardware.measure_matmul_flops(cfg.dtype, size=PROBE_SIZE)
+    peak_source = "measured"
     if jax.devices()[0].platform != "cpu":  # the datasheet peak of every chip
         datasheet = hardware.device_peak_flops(jax.devices()[0].device_kind)
         if datasheet is not None:
