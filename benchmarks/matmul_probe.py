@@ -27,7 +27,7 @@ def command(dtype: str, size: int) -> list[str]:
 
 def rate(seconds: float, size: int) -> float:
     """FLOP/s of one size x size product that took `seconds`."""
-    return 2 * size ** 3 / seconds
+    return hardware.matmul_flop_count(size) / seconds
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -35,8 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--size", type=int, default=2048)
     args = parser.parse_args(argv)
-    probe = hardware.matmul_rate_probe(args.dtype, args.size)
-    interleave.serve(lambda: 2 * args.size ** 3 / probe())
+    interleave.serve(hardware.matmul_timer(args.dtype, args.size))
 
 
 if __name__ == "__main__":

@@ -29,9 +29,15 @@ PEAK_FLOPS_PER_DEVICE = (
 )
 
 
-def matmul_rate_probe(dtype: str = "float32", size: int = 1024) -> Callable[[], float]:
-    """A function that runs one size x size matmul on the default device and returns its
-    FLOP/s (compiled here, once), for sampling the rate between the steps being measured.
+def matmul_flop_count(size: int) -> int:
+    """FLOPs of one size x size by size x size matrix product."""
+    return 2 * size ** 3
+
+
+def matmul_timer(dtype: str = "float32", size: int = 1024) -> Callable[[], float]:
+    """A function that runs one size x size matmul on the default device and returns the
+    seconds it took (compiled here, once), for sampling the rate between the steps being
+    measured.
 
     Each product is written over the previous one (a donated buffer), so sampling allocates
     nothing between the steps being measured."""
@@ -40,19 +46,19 @@ def matmul_rate_probe(dtype: str = "float32", size: int = 1024) -> Callable[[], 
     holder = [f(a, jnp.zeros_like(a))]
     holder[0].block_until_ready()
 
-    def rate() -> float:
+    def seconds() -> float:
         t = time.perf_counter()
         holder[0] = f(a, holder[0])
         holder[0].block_until_ready()
-        return 2 * size ** 3 / (time.perf_counter() - t)
+        return time.perf_counter() - t
 
-    return rate
+    return seconds
 
 
 def measure_matmul_flops(dtype: str = "float32", size: int = 1024, repeats: int = 5) -> float:
     """Best observed FLOP/s of a size x size matmul on the default device."""
-    probe = matmul_rate_probe(dtype, size)
-    return max(probe() for _ in range(repeats))
+    timer = matmul_timer(dtype, size)
+    return matmul_flop_count(size) / min(timer() for _ in range(repeats))
 
 
 def device_peak_flops(device_kind: str) -> float | None:
