@@ -213,10 +213,10 @@ def train(
         if step > first:
             _log(f"step {step:>7}  input pipeline: {stream.how_started}, so the data continues "
                  "exactly where the run left it")
-        input_position.update(stream=stream, first=first)
+        input_position.stream, input_position.first = stream, first
         return stream
 
-    input_position: dict = {}  # the stream `save` records: {"stream", "first": its phase start}
+    input_position = _InputPosition()
     phase = _phase_at(phase_plan, start_step)
     feature_lengths = dict(phase_plan[phase][1])
     train_iter = train_batches(phase, start_step)
@@ -258,12 +258,12 @@ def train(
     def _save_input_position(step: int) -> None:
         """Save the input pipeline beside the checkpoint of `step`, if it stands at that step
         (after a non-finite stop it has read one batch more: a resume then skips instead)."""
-        stream = input_position["stream"]
-        if stream.position != step - input_position["first"]:
+        stream = input_position.stream
+        if stream.position != step - input_position.first:
             return
         why_not = stream.save(train_data.input_state_dir(model_dir, step))
-        if why_not and not input_position.get("warned"):
-            input_position["warned"] = True
+        if why_not and not input_position.warned:
+            input_position.warned = True
             _log(f"step {step:>7}  Note: the input pipeline's position could not be saved "
                  f"({why_not}); a resume will re-read the batches before its step instead.")
     eval_step = trainer.make_eval_step(model, layout)
@@ -531,6 +531,17 @@ def _phase_plan(phases: Sequence[tuple[float, Mapping[str, int]]] | None,
         raise config_lib.ConfigError(f"train.phases: the last phase must end at 1.0, got "
                                      f"{previous}.")
     return plan
+
+
+@dataclasses.dataclass
+class _InputPosition:
+    """The input stream a checkpoint save records beside the state: the current phase's
+    stream, the step that phase started at, and whether a failed save was already reported
+    (once per run is enough)."""
+
+    stream: train_data.HostBatches | None = None
+    first: int = 0
+    warned: bool = False
 
 
 def _phase_start(plan: Sequence[tuple[int, Mapping[str, int]]], phase: int) -> int:
