@@ -138,13 +138,12 @@ def run(cfg: Any, batch: int, inputs: int, targets: int, steps: int,
         xla_bytes = int(memory.temp_size_in_bytes + memory.argument_size_in_bytes
                         + memory.output_size_in_bytes - memory.alias_size_in_bytes)
     device_stats = jax.devices()[0].memory_stats() or {}
+    peak_source = "measured"
     if on_cpu:  # the best rate seen: five samples now, and those taken around the steps
         peak_flops = max([*(probe() for _ in range(5)), *rates])
         probe_server.close()
-    else:
+    else:  # the datasheet peak of every chip, else one chip's measured rate times the chips
         peak_flops = hardware.measure_matmul_flops(cfg.dtype, size=PROBE_SIZE)
-    peak_source = "measured"
-    if jax.devices()[0].platform != "cpu":  # the datasheet peak of every chip
         datasheet = hardware.device_peak_flops(jax.devices()[0].device_kind)
         if datasheet is not None:
             peak_flops, peak_source = datasheet, "datasheet bf16"
