@@ -32,10 +32,11 @@ def timed(step: Callable[[], Any]) -> Step:
     return run
 
 
-def serve(step: Step) -> None:
-    """Worker side: say 'ready', then run one step per 'step' line read from stdin and answer
-    with its seconds; any other line or end of input ends the loop."""
-    print("ready", flush=True)
+def serve(step: Step, about: str = "") -> None:
+    """Worker side: say 'ready' (followed by `about`, what the worker wants its parent to
+    know), then run one step per 'step' line read from stdin and answer with its seconds; any
+    other line or end of input ends the loop."""
+    print(f"ready {about}".strip(), flush=True)
     for line in sys.stdin:
         if line.strip() != "step":
             break
@@ -51,12 +52,13 @@ class StepServer:
         self.proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
         self._ready = False
+        self.about = ""  # what the worker said after 'ready'
 
     def wait_ready(self) -> None:
         """Block until the worker has compiled and warmed up its step."""
         if not self._ready:
             line = self.proc.stdout.readline().strip()
-            if line != "ready":
+            if line.split(" ", 1)[0] != "ready":
                 try:
                     code = self.proc.wait(timeout=30)
                 except subprocess.TimeoutExpired:  # it said something else and went on
@@ -64,6 +66,7 @@ class StepServer:
                     code = self.proc.wait()
                 raise SystemExit(f"The {self.name} process failed to start (its output is "
                                  f"above; exit code {code}).")
+            self.about = line[len("ready"):].strip()
             self._ready = True
 
     def step(self) -> float:

@@ -5,7 +5,8 @@ timed CPU step (`train_throughput.paired_mfu`). Sampled in the benchmark's own p
 probe's allocations between steps fragmented the host heap now and then, so the next step's
 1.3 GB temporary buffer came from fresh memory and the reported peak RSS grew by that much
 (2.1 -> 3.3 GB in about half of the `--compare-hf` runs). Here it runs as a worker that
-answers each 'step' line with the seconds one product took (`interleave.serve`).
+answers each 'step' line with the seconds one product took (`interleave.serve`), under the
+fastest of XLA CPU's matmul libraries (`hardware.matmul_timer`), which it names on start.
 
     python -m benchmarks.matmul_probe [--dtype float32] [--size 2048]
 """
@@ -35,7 +36,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--size", type=int, default=2048)
     args = parser.parse_args(argv)
-    interleave.serve(hardware.matmul_timer(args.dtype, args.size))
+    timer = hardware.matmul_timer(args.dtype, args.size)
+    interleave.serve(timer, about=timer.library)
 
 
 if __name__ == "__main__":

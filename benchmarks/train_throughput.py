@@ -141,9 +141,10 @@ def run(cfg: Any, batch: int, inputs: int, targets: int, steps: int,
     peak_source = "measured"
     if on_cpu:  # the best rate seen: five samples now, and those taken around the steps
         peak_flops = max([*(probe() for _ in range(5)), *rates])
+        peak_source = f"measured, {probe_server.about}"  # the fastest matmul library
         probe_server.close()
     else:  # the datasheet peak of every chip, else one chip's measured rate times the chips
-        peak_flops = hardware.measure_matmul_flops(cfg.dtype, size=PROBE_SIZE)
+        peak_flops, _ = hardware.measure_matmul_flops(cfg.dtype, size=PROBE_SIZE)
         datasheet = hardware.device_peak_flops(jax.devices()[0].device_kind)
         if datasheet is not None:
             peak_flops, peak_source = datasheet, "datasheet bf16"

@@ -3,14 +3,19 @@
 Accelerators: the vendor's dense bfloat16 peak per jax device (a TPU v3 exposes each of its two
 TensorCores as a device; v4 and v5p chips are one "megacore" device each). CPUs have no
 published figure that means anything for XLA, so the peak is measured: the best rate of a
-square float32 matmul on this host (what `benchmarks/` reports too).
+square float32 matmul on this host (what `benchmarks/` reports too), under the fastest of the
+matmul libraries XLA's CPU backend can call. The step itself runs its products through
+YNNPACK (`host_runtime`); on the 2-core AMD EPYC of the benchmarks YNNPACK's 2048² product
+ran at 130-190 GFLOP/s where Eigen's and oneDNN's ran at 195-215 (numpy's BLAS 176-189), so
+a probe under the step's own library alone overstated MFU by up to half.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -34,31 +39,76 @@ def matmul_flop_count(size: int) -> int:
     return 2 * size ** 3
 
 
-def matmul_timer(dtype: str = "float32", size: int = 1024) -> Callable[[], float]:
-    """A function that runs one size x size matmul on the default device and returns the
-    seconds it took (compiled here, once), for sampling the rate between the steps being
-    measured.
+# XLA CPU's matrix-multiply libraries, as compile options: YNNPACK (what `host_runtime`
+# selects for the step), XLA's own Eigen dot, and oneDNN.
+CPU_MATMUL_LIBRARIES: dict[str, dict[str, Any]] = {
+    "YNNPACK": {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"},
+    "Eigen": {"xla_cpu_experimental_ynn_fusion_type": ""},
+    "oneDNN": {"xla_cpu_experimental_ynn_fusion_type": "", "xla_cpu_use_onednn": True,
+               "xla_cpu_experimental_onednn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"},
+}
 
-    Each product is written over the previous one (a donated buffer), so sampling allocates
-    nothing between the steps being measured."""
-    a = jnp.ones((size, size), dtype)
+
+@dataclasses.dataclass(frozen=True)
+class MatmulTimer:
+    """Runs one size x size matmul and returns the seconds it took; `library` names the
+    matmul library it was compiled for."""
+
+    library: str
+    run: Callable[[], float]
+
+    def __call__(self) -> float:
+        return self.run()
+
+
+def _timer_for(a: jax.Array, compiler_options: dict[str, Any]) -> Callable[[], float]:
+    """Each product is written over the previous one (a donated buffer), so sampling
+    allocates nothing between the steps being measured."""
     f = jax.jit(lambda x, previous: x @ x, donate_argnums=1)
-    holder = [f(a, jnp.zeros_like(a))]
+    compiled = f.lower(a, a).compile(compiler_options=compiler_options)
+    holder = [compiled(a, jnp.zeros_like(a))]
     holder[0].block_until_ready()
 
     def seconds() -> float:
         t = time.perf_counter()
-        holder[0] = f(a, holder[0])
+        holder[0] = compiled(a, holder[0])
         holder[0].block_until_ready()
         return time.perf_counter() - t
 
     return seconds
 
 
-def measure_matmul_flops(dtype: str = "float32", size: int = 1024, repeats: int = 5) -> float:
-    """Best observed FLOP/s of a size x size matmul on the default device."""
+def matmul_timer(dtype: str = "float32", size: int = 1024, trials: int = 3) -> MatmulTimer:
+    """A timer of one size x size matmul on the default device (compiled here, once), for
+    sampling the rate between the steps being measured. On CPU it is compiled for each of
+    `CPU_MATMUL_LIBRARIES` this jaxlib accepts, each timed `trials` times in turn, and the
+    fastest is kept: MFU is then against the best matmul rate XLA reaches on this host."""
+    a = jnp.ones((size, size), dtype)
+    if jax.default_backend() != "cpu":
+        return MatmulTimer("XLA", _timer_for(a, {}))
+    timers = {}
+    for library, options in CPU_MATMUL_LIBRARIES.items():
+        try:
+            timers[library] = _timer_for(a, options)
+        except jax.errors.JaxRuntimeError:  # a jaxlib or CPU without this library
+            continue
+    if not timers:
+        raise RuntimeError("XLA's CPU backend compiled a matmul with none of "
+                           f"{sorted(CPU_MATMUL_LIBRARIES)}; check the jaxlib install.")
+    best = dict.fromkeys(timers, float("inf"))
+    for _ in range(trials):  # in turn, so a slow phase of a shared host hits them all
+        for library, timer in timers.items():
+            best[library] = min(best[library], timer())
+    fastest = min(best, key=best.get)
+    return MatmulTimer(fastest, timers[fastest])
+
+
+def measure_matmul_flops(dtype: str = "float32", size: int = 1024, repeats: int = 5,
+                         ) -> tuple[float, str]:
+    """(best observed FLOP/s of a size x size matmul on the default device, the library
+    that reached it)."""
     timer = matmul_timer(dtype, size)
-    return matmul_flop_count(size) / min(timer() for _ in range(repeats))
+    return matmul_flop_count(size) / min(timer() for _ in range(repeats)), timer.library
 
 
 def device_peak_flops(device_kind: str) -> float | None:
@@ -76,8 +126,9 @@ def peak_flops() -> tuple[float, str]:
     matmul rate of each host (simulated devices share its cores) times the processes."""
     device = jax.devices()[0]
     if device.platform == "cpu":
-        rate = measure_matmul_flops()
-        return rate * jax.process_count(), f"measured float32 matmul on CPU ({rate:.3g}/s)"
+        rate, library = measure_matmul_flops()
+        return rate * jax.process_count(), (f"measured float32 matmul on CPU ({rate:.3g}/s, "
+                                            f"{library})")
     per_device = device_peak_flops(device.device_kind)
     if per_device is None:
         return float("nan"), f"unknown peak for {device.device_kind!r}"

@@ -42,6 +42,15 @@ def test_a_step_server_answers_each_request_with_seconds_and_ends_on_close():
     assert server.proc.stdout.read().strip() == "done"
 
 
+def test_a_worker_can_say_what_it_runs_when_ready():
+    worker = ("from benchmarks import interleave\n"
+              "interleave.serve(interleave.timed(lambda: None), about='Eigen')\n")
+    server = interleave.StepServer([sys.executable, "-c", worker], name="test worker")
+    server.wait_ready()
+    assert server.about == "Eigen"
+    server.close()
+
+
 def test_a_worker_that_dies_before_ready_is_reported():
     server = interleave.StepServer([sys.executable, "-c", "raise SystemExit(3)"],
                                    name="broken worker")
