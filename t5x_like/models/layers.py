@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from t5x_like import reductions
+from t5x_like import products, reductions
 from t5x_like.models import flash_attention
 
 Array = jax.Array
@@ -200,8 +200,14 @@ class Embed(nn.Module):
         return jnp.take(self.embedding, token_ids, axis=0).astype(self.dtype)
 
     def attend(self, query: Array) -> Array:
-        """Logits against every embedding row: query @ embedding^T."""
-        return project(query, self.embedding.astype(self.dtype).T, 1)
+        """Logits against every embedding row: query @ embedding^T, with the rows flattened
+        as in `project`. Written against the table itself, not its transpose: XLA would fold
+        a transpose of the table's gradient back into the product that computes it, the form
+        its CPU backend leaves to a slow kernel (`products`)."""
+        rows = query.reshape(-1, query.shape[-1])
+        logits = products.einsum_with_cpu_gradients("ni,vi->nv")(
+            rows, self.embedding.astype(self.dtype))
+        return logits.reshape(*query.shape[:-1], self.num_embeddings)
 
 
 def project(x: Array, kernel: Array, n_in: int) -> Array:
@@ -215,9 +221,11 @@ def project(x: Array, kernel: Array, n_in: int) -> Array:
     contracts a single dim); flattening only the kernel gains nothing. The reshapes are free
     (bitcasts). Under a mesh the rows must split evenly over the data-parallel devices (XLA
     miscompiled gradients of this form on padded shards; `trainer` refuses such micro-batches).
+    The weight gradient xᵀ·dy is laid out by `products` for the CPU backend's fast kernel.
     """
     lead, in_shape, out_shape = x.shape[:-n_in], kernel.shape[:n_in], kernel.shape[n_in:]
-    y = x.reshape(-1, math.prod(in_shape)) @ kernel.reshape(math.prod(in_shape), -1)
+    rows = x.reshape(-1, math.prod(in_shape))
+    y = products.einsum_with_cpu_gradients("ni,io->no")(rows, kernel.reshape(rows.shape[1], -1))
     return y.reshape(*lead, *out_shape)
 
 
@@ -468,14 +476,15 @@ class MultiHeadAttention(nn.Module):
                              bias: Array | None, deterministic: bool) -> Array:
         """softmax(q k^T + bias, masked) v, with dropout on the weights (the papers' form)."""
         logit_dtype = jnp.float32 if self.float32_logits else self.dtype
-        logits = jnp.einsum("bqhd,bkhd->bhqk", query.astype(logit_dtype), key.astype(logit_dtype))
+        logits = products.einsum_with_cpu_gradients("bqhd,bkhd->bhqk")(
+            query.astype(logit_dtype), key.astype(logit_dtype))
         if bias is not None:
             logits = add_shared_bias(logits, bias.astype(logit_dtype))
         if mask is not None:
             logits = jnp.where(mask, logits, jnp.asarray(NEG_INF, logit_dtype))
         weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
         weights = nn.Dropout(self.dropout_rate)(weights, deterministic=deterministic)
-        return jnp.einsum("bhqk,bkhd->bqhd", weights, value)
+        return products.einsum_with_cpu_gradients("bhqk,bkhd->bqhd")(weights, value)
 
     def _update_cache(self, key: Array, value: Array, mask: Array | None,
                       bias: Array | None) -> tuple[Array, Array, Array | None, Array | None]:
