@@ -6,8 +6,8 @@ published figure that means anything for XLA, so the peak is measured: the best 
 square float32 matmul on this host (what `benchmarks/` reports too), under the fastest of the
 matmul libraries XLA's CPU backend can call. The step itself runs its products through
 YNNPACK (`host_runtime`); on the 2-core AMD EPYC of the benchmarks YNNPACK's 2048² product
-ran at 130-190 GFLOP/s where Eigen's and oneDNN's ran at 195-215 (numpy's BLAS 176-189), so
-a probe under the step's own library alone overstated MFU by up to half.
+ran at 130-190 GFLOP/s where Eigen's ran at 195-205 (numpy's BLAS 176-189), so a probe under
+the step's own library alone overstated MFU by up to half.
 """
 
 from __future__ import annotations
@@ -40,12 +40,15 @@ def matmul_flop_count(size: int) -> int:
 
 
 # XLA CPU's matrix-multiply libraries, as compile options: YNNPACK (what `host_runtime`
-# selects for the step), XLA's own Eigen dot, and oneDNN.
+# selects for the step) and XLA's own Eigen dot. Its experimental oneDNN path
+# ({"xla_cpu_use_onednn": True, "xla_cpu_experimental_onednn_fusion_type":
+# "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}) measured 0-5 % above Eigen on the probe's product but
+# aborted the process now and then (training runs that had imported TensorFlow, which brings
+# its own oneDNN; benchmarks/README.md part 7), so it is not probed: the peak may be that much
+# low.
 CPU_MATMUL_LIBRARIES: dict[str, dict[str, Any]] = {
     "YNNPACK": {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"},
     "Eigen": {"xla_cpu_experimental_ynn_fusion_type": ""},
-    "oneDNN": {"xla_cpu_experimental_ynn_fusion_type": "", "xla_cpu_use_onednn": True,
-               "xla_cpu_experimental_onednn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"},
 }
 
 

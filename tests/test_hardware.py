@@ -45,27 +45,21 @@ def test_cpu_peak_is_measured():
     assert any(library in source for library in hardware.CPU_MATMUL_LIBRARIES)
 
 
-# What each library's compile options make of a matmul in XLA's optimized HLO: the op that
-# computes the product.
-LIBRARY_OPS = {"YNNPACK": "__ynn_fusion", "Eigen": " dot(", "oneDNN": "__onednn_fusion"}
-
-
 @pytest.mark.parametrize("library", sorted(hardware.CPU_MATMUL_LIBRARIES))
 def test_each_cpu_matmul_library_is_what_its_options_compile_to(library):
+    """In XLA's optimized HLO: a YNNPACK fusion, or XLA's own dot (Eigen) and no fusion."""
     a = jnp.ones((64, 64))
     options = hardware.CPU_MATMUL_LIBRARIES[library]
     hlo = jax.jit(lambda x: x @ x).lower(a).compile(compiler_options=options).as_text()
     entry = hlo[hlo.index("ENTRY"):]
-    assert LIBRARY_OPS[library] in (hlo if library != "Eigen" else entry)
-    others = [op for name, op in LIBRARY_OPS.items() if name not in (library, "Eigen")]
-    assert not any(op in hlo for op in others)
+    assert ("__ynn_fusion" in entry) == (library == "YNNPACK")
+    assert (" dot(" in entry) == (library == "Eigen")
 
 
 def test_the_cpu_timer_keeps_the_fastest_library(monkeypatch):
     """Each library's product is timed in turn and the one with the best time is kept: here
     a fake 'Eigen' that is fastest in its best trial though not in its first."""
-    seconds = {"YNNPACK": iter([2.0, 2.0, 2.0]), "Eigen": iter([3.0, 1.0, 3.0]),
-               "oneDNN": iter([1.5, 1.5, 1.5])}
+    seconds = {"YNNPACK": iter([1.5, 1.5, 1.5]), "Eigen": iter([3.0, 1.0, 3.0])}
     calls = []
 
     def fake_timer(a, options):
@@ -75,14 +69,14 @@ def test_the_cpu_timer_keeps_the_fastest_library(monkeypatch):
     monkeypatch.setattr(hardware, "_timer_for", fake_timer)
     timer = hardware.matmul_timer(size=8)
     assert timer.library == "Eigen"
-    assert calls == ["YNNPACK", "Eigen", "oneDNN"] * 3
+    assert calls == ["YNNPACK", "Eigen"] * 3
 
 
 def test_a_library_this_jaxlib_cannot_compile_is_skipped(monkeypatch):
     def fake_timer(a, options):
-        if options is hardware.CPU_MATMUL_LIBRARIES["oneDNN"]:
-            raise jax.errors.JaxRuntimeError("INVALID_ARGUMENT: no oneDNN here")
+        if options is hardware.CPU_MATMUL_LIBRARIES["YNNPACK"]:
+            raise jax.errors.JaxRuntimeError("INVALID_ARGUMENT: no YNNPACK here")
         return lambda: 1.0
 
     monkeypatch.setattr(hardware, "_timer_for", fake_timer)
-    assert hardware.matmul_timer(size=8).library in ("YNNPACK", "Eigen")
+    assert hardware.matmul_timer(size=8).library == "Eigen"
