@@ -28,12 +28,15 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from t5x_like import reductions
+
 Array = jax.Array
 
 
 def contraction_layouts() -> bool:
-    """Whether to lay products out for XLA's CPU kernel: only on the CPU backend."""
-    return jax.default_backend() == "cpu"
+    """Whether to lay products out for XLA's CPU kernel: on the CPU backend only, the rule
+    `reductions` follows for its sums."""
+    return reductions.sums_as_dots()
 
 
 def _parse(spec: str) -> tuple[str, str, str]:

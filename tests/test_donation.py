@@ -15,12 +15,8 @@ CONFIG = t5.T5Config(vocab_size=VOCAB, emb_dim=32, num_heads=2, head_dim=8, mlp_
                      num_encoder_layers=2, num_decoder_layers=2, dropout_rate=0.0)
 
 
-def _nbytes(tree) -> int:
-    return sum(x.nbytes for x in jax.tree_util.tree_leaves(tree))
-
-
-@pytest.mark.parametrize("num_microbatches", [1, pytest.param(2, marks=pytest.mark.slow)])
-def test_train_step_donates_parameters_and_optimizer_state(num_microbatches):
+def compile_tiny_t5_step(num_microbatches: int = 1):
+    """(state, batch, compiled train step) of CONFIG with T5's Adafactor on one device."""
     model = EncoderDecoderModel(CONFIG)
     lr = optimizers.inverse_sqrt_schedule()
     optimizer = optimizers.t5_adafactor(lr)
@@ -32,7 +28,16 @@ def test_train_step_donates_parameters_and_optimizer_state(num_microbatches):
         {k: np.asarray(v) for k, v in _t5_batch(batch=4).items()}, mesh, rules)
     step = trainer.make_train_step(model, optimizer, lr, layout, num_microbatches)
     with layout.context():
-        compiled = step.lower(state, batch, jax.random.key(1)).compile()
+        return state, batch, step.lower(state, batch, jax.random.key(1)).compile()
+
+
+def _nbytes(tree) -> int:
+    return sum(x.nbytes for x in jax.tree_util.tree_leaves(tree))
+
+
+@pytest.mark.parametrize("num_microbatches", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_train_step_donates_parameters_and_optimizer_state(num_microbatches):
+    state, batch, compiled = compile_tiny_t5_step(num_microbatches)
 
     # XLA aliases (nearly) the whole state: Adafactor's one-element placeholders for the
     # unfactored moments of vectors are the only buffers it may keep apart.

@@ -9,10 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5x_like import optimizers, partitioning, products, trainer
-from t5x_like.models.encoder_decoder import EncoderDecoderModel
-from tests.test_donation import CONFIG
-from tests.test_chunked_loss import _t5_batch
+from t5x_like import products
+from tests.test_donation import compile_tiny_t5_step
 
 # (spec, lhs shape, rhs shape): the attention's two products and a dense layer's.
 SPECS = [
@@ -66,18 +64,7 @@ def _products_outside_ynnpack(monkeypatch, layouts: bool) -> list[str]:
     generic dot in the entry computation, not a YNNPACK fusion), leaving out the sums written
     as HIGHEST-precision dots (`reductions`, memory-bound matrix-vector products)."""
     monkeypatch.setattr(products, "contraction_layouts", lambda: layouts)
-    model = EncoderDecoderModel(CONFIG)
-    lr = optimizers.inverse_sqrt_schedule()
-    optimizer = optimizers.t5_adafactor(lr)
-    mesh = partitioning.make_mesh(mesh_shape=(1, 1), devices=jax.devices()[:1])
-    rules = partitioning.logical_axis_rules("auto", num_partitions=1)
-    layout = trainer.make_layout(model, optimizer, mesh, rules)
-    state = trainer.init_state(model, optimizer, jax.random.key(0), layout)
-    batch = partitioning.global_batch(
-        {k: np.asarray(v) for k, v in _t5_batch(batch=4).items()}, mesh, rules)
-    step = trainer.make_train_step(model, optimizer, lr, layout)
-    with layout.context():
-        hlo = step.lower(state, batch, jax.random.key(1)).compile().as_text()
+    hlo = compile_tiny_t5_step()[2].as_text()
     entry = hlo[hlo.index("ENTRY"):].splitlines()
     return [line.split(", metadata")[0].strip() for line in entry
             if re.search(r"= f32\[[\d,]*\]\S* dot\(", line) and "highest" not in line]
