@@ -51,16 +51,29 @@ BENCHMARK_CONFIG = FAMILIES["t5"].benchmark_config
 PROBE_SIZE = 2048  # the matmul whose best rate is the MFU denominator
 
 
-def run(cfg: Any, batch: int, inputs: int, targets: int, steps: int,
-        mesh_shape: tuple[int, int] | None = None, layout_name: str = "auto",
-        loss_chunk_length: int | None = None, profile_dir: str | None = None,
-        nonfinite_policy: str = "stop",
-        alongside: interleave.StepServer | None = None) -> dict[str, Any]:
-    """Time the trainer's own sharded step (the one `t5x_like.train` runs) on the given mesh,
-    for the family `cfg` belongs to; with `profile_dir`, also trace two more steps there and
-    summarise their XLA ops (`benchmarks.op_profile`). With `alongside` (another process's
-    step), `steps` rounds alternate the two (`benchmarks.interleave`): `interleaved` holds the
-    other's times and the per-round ratio other / ours (> 1: ours is faster)."""
+@dataclasses.dataclass
+class BuiltStep:
+    """The trainer's sharded step for a config, with everything it runs on: what the
+    benchmarks compile, time and take apart."""
+
+    family: Any
+    layout: Any
+    state: Any
+    data: Any
+    step_fn: Any
+    rng: jax.Array
+
+    def compile(self) -> Any:
+        with self.layout.context():
+            return self.step_fn.lower(self.state, self.data, self.rng).compile()
+
+
+def build_step(cfg: Any, batch: int, inputs: int, targets: int,
+               mesh_shape: tuple[int, int] | None = None, layout_name: str = "auto",
+               loss_chunk_length: int | None = None,
+               nonfinite_policy: str = "stop") -> BuiltStep:
+    """The step `t5x_like.train` runs, for the family `cfg` belongs to, on the given mesh,
+    with the family's recipe optimizer, a synthetic batch and initialised state."""
     family = next(f for f in FAMILIES.values() if isinstance(cfg, f.config_class))
     model = family.make_model(cfg, loss_chunk_length)
     lr, optimizer = family.make_optimizer()
@@ -74,11 +87,27 @@ def run(cfg: Any, batch: int, inputs: int, targets: int, steps: int,
                                      rules)
     step_fn = trainer.make_train_step(model, optimizer, lr, layout,
                                       nonfinite_policy=nonfinite_policy)
-    rng = jax.random.key(1)
+    return BuiltStep(family, layout, state, data, step_fn, jax.random.key(1))
+
+
+def run(cfg: Any, batch: int, inputs: int, targets: int, steps: int,
+        mesh_shape: tuple[int, int] | None = None, layout_name: str = "auto",
+        loss_chunk_length: int | None = None, profile_dir: str | None = None,
+        nonfinite_policy: str = "stop",
+        alongside: interleave.StepServer | None = None) -> dict[str, Any]:
+    """Time the trainer's own sharded step (the one `t5x_like.train` runs) on the given mesh,
+    for the family `cfg` belongs to; with `profile_dir`, also trace two more steps there and
+    summarise their XLA ops (`benchmarks.op_profile`). With `alongside` (another process's
+    step), `steps` rounds alternate the two (`benchmarks.interleave`): `interleaved` holds the
+    other's times and the per-round ratio other / ours (> 1: ours is faster)."""
+    built = build_step(cfg, batch, inputs, targets, mesh_shape, layout_name, loss_chunk_length,
+                       nonfinite_policy)
+    family, layout, state, data, rng = (built.family, built.layout, built.state, built.data,
+                                        built.rng)
+    mesh = layout.mesh
 
     t = time.perf_counter()
-    with layout.context():
-        compiled = step_fn.lower(state, data, rng).compile()
+    compiled = built.compile()
     compile_s = time.perf_counter() - t
 
     holder = {"state": state}
@@ -279,6 +308,26 @@ def print_hf_comparison(result: dict[str, Any]) -> None:
           f"(interquartile {rounds['ratio_q1']:.3f} .. {rounds['ratio_q3']:.3f})")
 
 
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options `model_config` reads: family, shape of the batch, dtype, gin, remat, scan,
+    depth."""
+    parser.add_argument("--family", default="t5", choices=sorted(FAMILIES))
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--inputs", type=int, default=512)
+    parser.add_argument("--targets", type=int, default=128)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--gin_file", action="append", default=[],
+                        help="model gin file(s) instead of the benchmark config")
+    parser.add_argument("--gin", action="append", default=[], dest="bindings",
+                        help="extra gin binding, e.g. --gin T5Config.num_encoder_layers=2")
+    parser.add_argument("--remat_policy", default="none",
+                        help="none | full | dots | dots_no_batch | save_qkv_proj")
+    parser.add_argument("--scan_layers", action="store_true",
+                        help="each stack as one nn.scan (compile time flat in depth)")
+    parser.add_argument("--num_layers", type=int, default=None,
+                        help="encoder and decoder depth (default: the config's)")
+
+
 def model_config(args: argparse.Namespace) -> Any:
     """The family's benchmark config, or gin files/bindings (then the family's config class),
     with the command line's dtype, remat, scan and depth applied."""
@@ -303,24 +352,10 @@ def model_config(args: argparse.Namespace) -> Any:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--family", default="t5", choices=sorted(FAMILIES))
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--inputs", type=int, default=512)
-    parser.add_argument("--targets", type=int, default=128)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--gin_file", action="append", default=[],
-                        help="model gin file(s) instead of the benchmark config")
-    parser.add_argument("--gin", action="append", default=[], dest="bindings",
-                        help="extra gin binding, e.g. --gin T5Config.num_encoder_layers=2")
+    add_model_arguments(parser)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--remat_policy", default="none",
-                        help="none | full | dots | dots_no_batch | save_qkv_proj")
     parser.add_argument("--loss_chunk_length", type=int, default=None,
                         help="chunked cross-entropy, this many target positions at a time")
-    parser.add_argument("--scan_layers", action="store_true",
-                        help="each stack as one nn.scan (compile time flat in depth)")
-    parser.add_argument("--num_layers", type=int, default=None,
-                        help="encoder and decoder depth (default: the config's)")
     parser.add_argument("--mesh_shape", default=None, help="data,model (default: all on data)")
     parser.add_argument("--layout", default="auto",
                         help="data_parallel | model_parallel | fsdp | auto")
