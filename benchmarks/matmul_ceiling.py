@@ -1,7 +1,7 @@
 """The MFU a train step could reach if it were nothing but its matrix products.
 
     python -m benchmarks.matmul_ceiling [--family t5|decoder_only|bert]
-        [--batch 8] [--inputs 512] [--targets 128] [--gin ...] [--reps 7] [--steps 5]
+        [--batch 8] [--inputs 512] [--targets 128] [--gin ...] [--reps 7]
 
 MFU counts model FLOPs against the best rate of one large square product (`hardware`). A step
 is made of many smaller products whose shapes the model fixes (256-wide projections, 64-wide
@@ -17,8 +17,9 @@ CPU_MATMUL_LIBRARIES`; XLA's default elsewhere), times them in turn and adds the
     took no time;
   - at the fastest library per product, the ceiling if each product could pick its kernel.
 
-It also times the compiled step itself and prints its MFU beside the ceilings, so the gap
-between the step and its products (everything that is not a matmul, and products running
+The compiled step itself and the peak probe (`hardware.matmul_timer`) are timed in the same
+rounds as the products, so the step's MFU and the ceilings share one machine state, and the
+gap between the step and its products (everything that is not a matmul, and products running
 slower inside the step than alone) is a measured number. A product alone sees warm caches
 and no neighbours, so the ceilings are estimates, not proofs; they say how far a given MFU
 target is from what the kernels deliver on this model's shapes.
@@ -146,11 +147,11 @@ def libraries() -> dict[str, dict[str, Any]]:
     return {"XLA": {}}
 
 
-def time_products(products: Iterable[Product], reps: int,
-                  options: dict[str, dict[str, Any]]) -> dict[Product, dict[str, float]]:
-    """Median seconds of each product alone, per library, every library and product timed
-    in turn each repetition (so a slow phase of a shared host hits them all)."""
-    runs: dict[tuple[Product, str], Callable[[], float]] = {}
+def product_timers(products: Iterable[Product], options: dict[str, dict[str, Any]],
+                   ) -> dict[tuple[Product, str], Callable[[], float]]:
+    """A timer of each product alone per library (compiled here, random operands): each call
+    runs it once and returns the seconds it took."""
+    timers: dict[tuple[Product, str], Callable[[], float]] = {}
     for product in products:
         fn, (a_spec, b_spec) = product.call()
         keys = jax.random.split(jax.random.key(0))
@@ -173,16 +174,18 @@ def time_products(products: Iterable[Product], reps: int,
                 holder[0].block_until_ready()
                 return time.perf_counter() - t
 
-            runs[product, library] = seconds
-    samples: dict[tuple[Product, str], list[float]] = collections.defaultdict(list)
+            timers[product, library] = seconds
+    return timers
+
+
+def samples_in_turn(timers: dict[Any, Callable[[], float]], reps: int) -> dict[Any, list[float]]:
+    """`reps` samples of every timer, all of them in turn each repetition: a slow phase of
+    a shared host then hits the step, its products and the peak probe alike."""
+    samples: dict[Any, list[float]] = {key: [] for key in timers}
     for _ in range(reps):
-        for key, seconds in runs.items():
+        for key, seconds in timers.items():
             samples[key].append(seconds())
-    overhead = dispatch_seconds()
-    timed: dict[Product, dict[str, float]] = collections.defaultdict(dict)
-    for (product, library), values in samples.items():
-        timed[product][library] = max(statistics.median(values) - overhead, 0.0)
-    return dict(timed)
+    return samples
 
 
 def dispatch_seconds(reps: int = 50) -> float:
@@ -213,42 +216,52 @@ def ceiling(census: Census, timed: dict[Product, dict[str, float]], step_library
             "ceiling_mfu_best_library": model_flops / best / peak}
 
 
+def step_timer(built: train_throughput.BuiltStep) -> Callable[[], float]:
+    """A timer of the compiled train step (warmed up), stepping its own state."""
+    compiled = built.compile()
+    holder = {"state": built.state}
+
+    def seconds() -> float:
+        t = time.perf_counter()
+        holder["state"], metrics = compiled(holder["state"], built.data, built.rng)
+        metrics["loss"].block_until_ready()
+        return time.perf_counter() - t
+
+    seconds()
+    return seconds
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg = train_throughput.model_config(args)
     built = train_throughput.build_step(cfg, args.batch, args.inputs, args.targets)
     with built.layout.context():
         census = census_of(built.step_fn, built.state, built.data, built.rng)
-    compiled = built.compile()
-    state = built.state
-    for _ in range(2):  # warm-up
-        state, metrics = compiled(state, built.data, built.rng)
-        metrics["loss"].block_until_ready()
-    step_times = []
-    for _ in range(args.steps):
-        t = time.perf_counter()
-        state, metrics = compiled(state, built.data, built.rng)
-        metrics["loss"].block_until_ready()
-        step_times.append(time.perf_counter() - t)
-    del state, metrics, compiled, built
-
     options = libraries()
-    timed = time_products(census.counts, args.reps, options)
     step_library = next(iter(options))
-    peak, peak_library = hardware.measure_matmul_flops(cfg.dtype, size=args.peak_size)
+    peak_timer = hardware.matmul_timer(cfg.dtype, size=args.peak_size)
+    timers = {"step": step_timer(built), "peak": peak_timer,
+              **product_timers(census.counts, options)}
+    samples = samples_in_turn(timers, args.reps)
+    step_s = statistics.median(samples.pop("step"))
+    peak = hardware.matmul_flop_count(args.peak_size) / min(samples.pop("peak"))
+    overhead = dispatch_seconds()
+    timed: dict[Product, dict[str, float]] = collections.defaultdict(dict)
+    for (product, library), values in samples.items():
+        timed[product][library] = max(statistics.median(values) - overhead, 0.0)
     model_flops = flops.train_step_flops(
         cfg, train_throughput.FAMILIES[args.family].feature_lengths(args.inputs, args.targets),
         args.batch)
-    step_s = statistics.median(step_times)
     rows = sorted(({"product": p.describe(), "count": n, "flops": p.flops * n,
                     "seconds": {lib: n * s for lib, s in timed[p].items()}}
                    for p, n in census.counts.items()),
                   key=lambda row: -row["seconds"][step_library])
     return {"family": args.family, "batch": args.batch, "inputs": args.inputs,
-            "targets": args.targets, "dtype": cfg.dtype, "products": len(census.counts),
-            "product_calls": sum(census.counts.values()), "while_loops": census.while_loops,
-            "product_flops": census.flops, "model_flops": model_flops,
-            "step_s_median": step_s, "mfu": model_flops / step_s / peak,
-            "peak_matmul_flops_per_s": peak, "peak_source": f"measured, {peak_library}",
+            "targets": args.targets, "dtype": cfg.dtype, "reps": args.reps,
+            "products": len(census.counts), "product_calls": sum(census.counts.values()),
+            "while_loops": census.while_loops, "product_flops": census.flops,
+            "model_flops": model_flops, "step_s_median": step_s,
+            "mfu": model_flops / step_s / peak, "peak_matmul_flops_per_s": peak,
+            "peak_source": f"measured, {peak_timer.library}", "dispatch_s": overhead,
             "step_library": step_library,
             **ceiling(census, timed, step_library, model_flops, peak),
             "rows": rows, "device": str(jax.devices()[0].device_kind), "host": platform.node(),
@@ -276,6 +289,8 @@ def print_table(result: dict[str, Any], top: int) -> None:
           f" -> MFU ceiling {result['ceiling_mfu_step_library']:.1%}")
     print(f"products alone, fastest library each: {result['matmul_s_best_library']:.3f} s"
           f" -> MFU ceiling {result['ceiling_mfu_best_library']:.1%}")
+    print(f"step / products alone at {result['step_library']}: "
+          f"{result['step_s_median'] / result['matmul_s_step_library']:.2f}")
     print(f"70 % MFU needs a step of {result['model_flops'] / peak / 0.7:.3f} s")
     if result["while_loops"]:
         print(f"note: {result['while_loops']} while loop(s), their products counted once")
@@ -284,8 +299,8 @@ def print_table(result: dict[str, Any], top: int) -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     train_throughput.add_model_arguments(parser)
-    parser.add_argument("--reps", type=int, default=7, help="timings of each product")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps")
+    parser.add_argument("--reps", type=int, default=7,
+                        help="rounds; each times the step, the peak probe and every product")
     parser.add_argument("--peak_size", type=int, default=train_throughput.PROBE_SIZE)
     parser.add_argument("--top", type=int, default=20, help="products printed")
     parser.add_argument("--out", default="benchmarks/results/matmul_ceiling.json")

@@ -65,7 +65,7 @@ def test_stand_alone_product_computes_the_product():
 def test_benchmark_takes_the_train_step_apart(tmp_path):
     out = tmp_path / "ceiling.json"
     result = matmul_ceiling.main(TINY_T5 + ["--batch", "8", "--inputs", "32", "--targets",
-                                            "16", "--steps", "1", "--reps", "2",
+                                            "16", "--reps", "2",
                                             "--peak_size", "256", "--out", str(out)])
     assert json.loads(out.read_text())["product_flops"] == result["product_flops"]
     # Every matmul `t5x_like.flops` counts by hand is among the step's products; the rest are
