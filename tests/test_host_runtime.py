@@ -48,12 +48,13 @@ def test_the_flag_is_one_this_jax_accepts():
 # handful of faults); glibc's default unmaps the block on free, and every round faults all of
 # its 65,536 pages in again.
 _FAULTS = """
-import ctypes, resource
+import ctypes, resource, sys
 import t5x_like
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
-n = 2**28
+n = int(sys.argv[1])
 def round_trip():
     block = libc.malloc(n)
     ctypes.memset(block, 1, n)
@@ -66,11 +67,11 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-def _page_faults_reallocating(malloc_setting: str | None) -> int:
+def _page_faults_reallocating(malloc_setting: str | None, size: int = 2**28) -> int:
     env = {k: v for k, v in os.environ.items() if k != "T5X_LIKE_HOST_MALLOC"}
     if malloc_setting is not None:
         env["T5X_LIKE_HOST_MALLOC"] = malloc_setting
-    out = subprocess.run([sys.executable, "-c", _FAULTS], cwd=ROOT, env=env,
+    out = subprocess.run([sys.executable, "-c", _FAULTS, str(size)], cwd=ROOT, env=env,
                          capture_output=True, text=True, check=True)
     return int(out.stdout.strip().splitlines()[-1])
 
@@ -81,6 +82,14 @@ def test_freed_memory_is_reused_without_page_faults():
     assert _page_faults_reallocating(None) < pages_per_round // 100
     # The opt-out restores glibc's default, which faults every page in each round.
     assert _page_faults_reallocating("default") > pages_per_round
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt only")
+def test_freed_blocks_over_2_gib_are_kept_too():
+    """The decoder-only benchmark step's temporary buffer is 3.1 GB: a trim threshold that
+    stops at mallopt's largest positive value (2 GiB) let glibc hand it back every step."""
+    size = 5 * 2**29  # 2.5 GiB
+    assert _page_faults_reallocating(None, size) < size // resource.getpagesize() // 100
 
 
 STEP_ONLY = """
