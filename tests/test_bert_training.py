@@ -187,3 +187,31 @@ def test_fine_tuning_imported_minilm_beats_chance_on_offline_word_order(tmp_path
     # 128 validation sentences, about half shuffled: chance is 50% (+-4.4% one sigma); a
     # model that reads word order gets far above it.
     assert accuracy > 70.0, accuracy
+
+
+def test_correct_counts_are_numpys_argmax_hits():
+    """The masked-LM and NSP correct counts, against numpy's argmax of the same logits (half
+    the labels set to it, so there are hits to count; the logits do not read the labels)."""
+    from benchmarks.families import bert_batch
+
+    cfg = bert.BertConfig(vocab_size=64, hidden_size=32, num_heads=2, intermediate_size=64,
+                          num_layers=1, max_position_embeddings=32)
+    model = bert_models.BertPretrainingModel(cfg)
+    params = model.init(jax.random.key(0))
+    batch = {k: jnp.asarray(v) for k, v in bert_batch(cfg, 4, 32, 6).items()}
+    out = model.apply(params, batch, masked_positions=batch["masked_lm_positions"])
+    mlm_best = np.argmax(np.asarray(out["mlm_logits"]), -1)
+    nsp_best = np.argmax(np.asarray(out["nsp_logits"]), -1)
+    ids = np.asarray(batch["masked_lm_ids"]).copy()
+    ids[:, ::2] = mlm_best[:, ::2]
+    nsp = np.asarray(batch["next_sentence_labels"]).reshape(nsp_best.shape).copy()
+    nsp[::2] = nsp_best[::2]
+    batch["masked_lm_ids"] = jnp.asarray(ids)
+    batch["next_sentence_labels"] = jnp.asarray(nsp).reshape(
+        batch["next_sentence_labels"].shape)
+    sums = model.loss_sums(params, batch)
+    weights = np.asarray(batch["masked_lm_weights"])
+    mlm_correct = np.sum((mlm_best == ids) * weights)
+    assert mlm_correct >= np.sum(weights[:, ::2]) > 0
+    assert float(sums["mlm_correct"]) == mlm_correct
+    assert float(sums["nsp_correct"]) == np.sum(nsp_best == nsp) >= 2

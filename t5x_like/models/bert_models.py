@@ -51,7 +51,9 @@ def _xent(logits: Array, labels: Array) -> Array:
 
 
 def _correct(logits: Array, labels: Array) -> Array:
-    return (jnp.argmax(logits, -1) == labels.astype(jnp.int32)).astype(jnp.float32)
+    """Whether the argmax is the label (`losses.target_is_argmax`: argmax's own reduction
+    took ~75 ms of the standard BERT benchmark step on CPU)."""
+    return losses.target_is_argmax(logits, labels.astype(jnp.int32)).astype(jnp.float32)
 
 
 class _BertWrapper:
