@@ -251,7 +251,7 @@ class Dense(nn.Module):
         if self.use_bias:
             bias = _param(self, "bias", nn.initializers.zeros, tuple(self.features),
                           tuple(self.out_axes))
-            y = y + bias.astype(self.dtype)
+            y = add_shared_bias(y, bias.astype(self.dtype))  # its gradient sums as a dot
         return y
 
 
