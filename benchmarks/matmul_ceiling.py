@@ -71,13 +71,9 @@ class Product:
         batch = f" batch {lb}x{rb}" if lb else ""
         return f"{list(self.lhs)}.{list(self.rhs)} contract {lc}x{rc}{batch}"
 
-    def call(self) -> tuple[Callable[..., jax.Array], tuple[Any, Any]]:
-        """(the product as a function of (lhs, rhs, previous result), abstract operands).
-        The previous result is donated and the product written over it, as the step writes
-        into buffers it already holds: a fresh output each call would also time the
-        allocator's page faults (32 MB for attention scores, 128 MB for the logits)."""
-        def product(a: jax.Array, b: jax.Array, previous: jax.Array) -> jax.Array:
-            del previous
+    def call(self) -> tuple[Callable[[jax.Array, jax.Array], jax.Array], tuple[Any, Any]]:
+        """(the product as a function, abstract operands to compile it for)."""
+        def product(a: jax.Array, b: jax.Array) -> jax.Array:
             return jax.lax.dot_general(a, b, self.dimension_numbers, self.precision,
                                        preferred_element_type=self.preferred_element_type)
 
@@ -149,32 +145,19 @@ def libraries() -> dict[str, dict[str, Any]]:
 
 def product_timers(products: Iterable[Product], options: dict[str, dict[str, Any]],
                    ) -> dict[tuple[Product, str], Callable[[], float]]:
-    """A timer of each product alone per library (compiled here, random operands): each call
-    runs it once and returns the seconds it took."""
+    """A timer of each product alone per library (`hardware.donating_timer`: random operands,
+    each result written over the last, as the step writes into buffers it holds)."""
     timers: dict[tuple[Product, str], Callable[[], float]] = {}
     for product in products:
         fn, (a_spec, b_spec) = product.call()
         keys = jax.random.split(jax.random.key(0))
         a = jax.random.normal(keys[0], a_spec.shape).astype(a_spec.dtype)
         b = jax.random.normal(keys[1], b_spec.shape).astype(b_spec.dtype)
-        out = jax.eval_shape(fn, a, b, None)
         for library, compile_options in options.items():
-            holder = [jnp.zeros(out.shape, out.dtype)]
             try:
-                compiled = jax.jit(fn, donate_argnums=2).lower(a, b, holder[0]).compile(
-                    compiler_options=compile_options)
+                timers[product, library] = hardware.donating_timer(fn, (a, b), compile_options)
             except jax.errors.JaxRuntimeError:  # a jaxlib without this library
                 continue
-            holder[0] = compiled(a, b, holder[0])
-            holder[0].block_until_ready()
-
-            def seconds(compiled=compiled, a=a, b=b, holder=holder) -> float:
-                t = time.perf_counter()
-                holder[0] = compiled(a, b, holder[0])
-                holder[0].block_until_ready()
-                return time.perf_counter() - t
-
-            timers[product, library] = seconds
     return timers
 
 
@@ -192,17 +175,9 @@ def dispatch_seconds(reps: int = 50) -> float:
     """Median time of calling a compiled function that does almost nothing: what each
     stand-alone product pays on top of its work and a product inside the step does not (the
     step's many vector products, sums written as dots, are mostly this)."""
-    compiled = jax.jit(lambda a, b, previous: a + b, donate_argnums=2).lower(
-        jnp.ones(()), jnp.ones(()), jnp.ones(())).compile()
-    one, holder = jnp.ones(()), [jnp.ones(())]
-    times = []
-    for _ in range(reps + 1):
-        t = time.perf_counter()
-        holder[0] = compiled(one, one, holder[0])
-        holder[0].block_until_ready()
-        times.append(time.perf_counter() - t)
-    times = times[1:]
-    return statistics.median(times)
+    one = jnp.ones(())
+    seconds = hardware.donating_timer(lambda a, b: a + b, (one, one))
+    return statistics.median(seconds() for _ in range(reps))
 
 
 def ceiling(census: Census, timed: dict[Product, dict[str, float]], step_library: str,

@@ -64,21 +64,32 @@ class MatmulTimer:
         return self.run()
 
 
-def _timer_for(a: jax.Array, compiler_options: dict[str, Any]) -> Callable[[], float]:
-    """Each product is written over the previous one (a donated buffer), so sampling
-    allocates nothing between the steps being measured."""
-    f = jax.jit(lambda x, previous: x @ x, donate_argnums=1)
-    compiled = f.lower(a, a).compile(compiler_options=compiler_options)
-    holder = [compiled(a, jnp.zeros_like(a))]
+def donating_timer(fn: Callable[..., jax.Array], args: tuple[jax.Array, ...],
+                   compiler_options: dict[str, Any] | None = None) -> Callable[[], float]:
+    """A timer of `fn(*args)`, compiled here once (with `compiler_options`) and run once to
+    warm up: each call runs it and returns the seconds it took. Each result is written over
+    the previous one (a donated buffer), as a step writes into buffers it already holds, so
+    sampling allocates nothing and does not time the allocator's page faults."""
+    def over_previous(*operands: jax.Array) -> jax.Array:
+        return fn(*operands[:-1])
+
+    out = jax.eval_shape(fn, *args)
+    compiled = jax.jit(over_previous, donate_argnums=len(args)).lower(
+        *args, jnp.zeros(out.shape, out.dtype)).compile(compiler_options=compiler_options)
+    holder = [compiled(*args, jnp.zeros(out.shape, out.dtype))]
     holder[0].block_until_ready()
 
     def seconds() -> float:
         t = time.perf_counter()
-        holder[0] = compiled(a, holder[0])
+        holder[0] = compiled(*args, holder[0])
         holder[0].block_until_ready()
         return time.perf_counter() - t
 
     return seconds
+
+
+def _timer_for(a: jax.Array, compiler_options: dict[str, Any]) -> Callable[[], float]:
+    return donating_timer(lambda x: x @ x, (a,), compiler_options)
 
 
 def matmul_timer(dtype: str = "float32", size: int = 1024, trials: int = 3) -> MatmulTimer:
