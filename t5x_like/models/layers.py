@@ -388,7 +388,8 @@ class RelativePositionBias(nn.Module):
 @jax.custom_vjp
 def add_shared_bias(logits: Array, bias: Array) -> Array:
     """`logits + bias` for a bias broadcast over leading axes (T5's relative position bias,
-    one per stack, over the batch; BERT's masked-LM output bias over batch and predictions).
+    one per stack, over the batch; BERT's masked-LM output bias over batch and predictions;
+    every `Dense` bias over all rows).
     Same values and gradients as the plain sum. The backward pass materialises the logits'
     gradient before summing it, because XLA's CPU backend otherwise fuses that sum with the
     softmax backward and recomputes it in a slow transposed loop (about 6 % of the benchmark
