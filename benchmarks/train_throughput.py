@@ -44,6 +44,7 @@ import jax
 from benchmarks import hf_t5_step, interleave, matmul_probe, op_profile, results_io
 from benchmarks.families import FAMILIES
 from t5x_like import flops, hardware, partitioning, trainer
+from t5x_like.checkpoints import scan_layout
 from t5x_like.config import load_model_config
 from t5x_like.models.t5 import T5Config, count_params
 
@@ -82,12 +83,33 @@ def build_step(cfg: Any, batch: int, inputs: int, targets: int,
                                             num_partitions=partitioning.model_axis_size(mesh))
     partitioning.check_batch_size(batch, mesh, rules=rules)
     layout = trainer.make_layout(model, optimizer, mesh, rules)
-    state = trainer.init_state(model, optimizer, jax.random.key(0), layout)
+    if getattr(cfg, "scan_layers", False):
+        # nn.scan draws each layer's initial weights from other random streams than the
+        # per-layer stack does: start from the per-layer stack's weights, stacked, so a step
+        # with --scan_layers computes what the step without it does (`knob_effect` compares
+        # their losses).
+        per_layer = family.make_model(dataclasses.replace(cfg, scan_layers=False),
+                                      loss_chunk_length)
+        params = trainer.init_state(per_layer, optimizer, jax.random.key(0),
+                                    trainer.make_layout(per_layer, optimizer, mesh, rules)).params
+        state = trainer.state_from_params(scan_layout.stack_layers(params), optimizer, layout)
+    else:
+        state = trainer.init_state(model, optimizer, jax.random.key(0), layout)
     data = partitioning.global_batch(family.make_batch(cfg, batch, inputs, targets), mesh,
                                      rules)
     step_fn = trainer.make_train_step(model, optimizer, lr, layout,
                                       nonfinite_policy=nonfinite_policy)
     return BuiltStep(family, layout, state, data, step_fn, jax.random.key(1))
+
+
+def xla_step_bytes(compiled: Any) -> int | None:
+    """The memory XLA plans for one compiled step: its temporaries, arguments and outputs,
+    donated outputs counted once (None where the backend does not say)."""
+    memory = compiled.memory_analysis()
+    if memory is None:
+        return None
+    return int(memory.temp_size_in_bytes + memory.argument_size_in_bytes
+               + memory.output_size_in_bytes - memory.alias_size_in_bytes)
 
 
 def run(cfg: Any, batch: int, inputs: int, targets: int, steps: int,
@@ -161,11 +183,7 @@ def run(cfg: Any, batch: int, inputs: int, targets: int, steps: int,
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     xla_flops = float(cost.get("flops", 0.0)) if cost else 0.0
     model_flops = flops.train_step_flops(cfg, family.feature_lengths(inputs, targets), batch)
-    memory = compiled.memory_analysis()
-    xla_bytes = None
-    if memory is not None:
-        xla_bytes = int(memory.temp_size_in_bytes + memory.argument_size_in_bytes
-                        + memory.output_size_in_bytes - memory.alias_size_in_bytes)
+    xla_bytes = xla_step_bytes(compiled)
     device_stats = jax.devices()[0].memory_stats() or {}
     peak_source = "measured"
     if on_cpu:  # the best rate seen: five samples now, and those taken around the steps
