@@ -136,13 +136,6 @@ def census_of(fn: Callable[..., Any], *args: Any) -> Census:
     return census
 
 
-def libraries() -> dict[str, dict[str, Any]]:
-    """Compile options per matmul library: XLA CPU's (the step's own first), else XLA's."""
-    if jax.default_backend() == "cpu":
-        return dict(hardware.CPU_MATMUL_LIBRARIES)
-    return {"XLA": {}}
-
-
 def product_timers(products: Iterable[Product], options: dict[str, dict[str, Any]],
                    ) -> dict[tuple[Product, str], Callable[[], float]]:
     """A timer of each product alone per library (`hardware.donating_timer`: random operands,
@@ -211,7 +204,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     built = train_throughput.build_step(cfg, args.batch, args.inputs, args.targets)
     with built.layout.context():
         census = census_of(built.step_fn, built.state, built.data, built.rng)
-    options = libraries()
+    options = hardware.matmul_libraries()
     step_library = next(iter(options))
     peak_timer = hardware.matmul_timer(cfg.dtype, size=args.peak_size)
     timers = {"step": step_timer(built), "peak": peak_timer,

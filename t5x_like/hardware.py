@@ -52,6 +52,14 @@ CPU_MATMUL_LIBRARIES: dict[str, dict[str, Any]] = {
 }
 
 
+def matmul_libraries() -> dict[str, dict[str, Any]]:
+    """The matrix-multiply libraries to time on the default backend, as compile options:
+    XLA CPU's (`CPU_MATMUL_LIBRARIES`, the step's own first), else XLA's one."""
+    if jax.default_backend() == "cpu":
+        return dict(CPU_MATMUL_LIBRARIES)
+    return {"XLA": {}}
+
+
 @dataclasses.dataclass(frozen=True)
 class MatmulTimer:
     """Runs one size x size matmul and returns the seconds it took; `library` names the
@@ -75,7 +83,7 @@ def donating_timer(fn: Callable[..., jax.Array], args: tuple[jax.Array, ...],
 
     out = jax.eval_shape(fn, *args)
     compiled = jax.jit(over_previous, donate_argnums=len(args)).lower(
-        *args, jnp.zeros(out.shape, out.dtype)).compile(compiler_options=compiler_options)
+        *args, out).compile(compiler_options=compiler_options)
     holder = [compiled(*args, jnp.zeros(out.shape, out.dtype))]
     holder[0].block_until_ready()
 
@@ -98,17 +106,16 @@ def matmul_timer(dtype: str = "float32", size: int = 1024, trials: int = 3) -> M
     `CPU_MATMUL_LIBRARIES` this jaxlib accepts, each timed `trials` times in turn, and the
     fastest is kept: MFU is then against the best matmul rate XLA reaches on this host."""
     a = jnp.ones((size, size), dtype)
-    if jax.default_backend() != "cpu":
-        return MatmulTimer("XLA", _timer_for(a, {}))
+    libraries = matmul_libraries()
     timers = {}
-    for library, options in CPU_MATMUL_LIBRARIES.items():
+    for library, options in libraries.items():
         try:
             timers[library] = _timer_for(a, options)
         except jax.errors.JaxRuntimeError:  # a jaxlib or CPU without this library
             continue
     if not timers:
-        raise RuntimeError("XLA's CPU backend compiled a matmul with none of "
-                           f"{sorted(CPU_MATMUL_LIBRARIES)}; check the jaxlib install.")
+        raise RuntimeError(f"XLA compiled a matmul with none of {sorted(libraries)}; check "
+                           f"the jaxlib install.")
     best = dict.fromkeys(timers, float("inf"))
     for _ in range(trials):  # in turn, so a slow phase of a shared host hits them all
         for library, timer in timers.items():
