@@ -67,7 +67,8 @@ def test_layout_conversion_is_exact_and_names_the_layers():
 
 
 @pytest.mark.parametrize("family,remat", [
-    ("t5", "none"), pytest.param("decoder_only", "full", marks=pytest.mark.slow)])
+    ("t5", "none"), ("t5", "dots"),  # 'dots': the policy the README pairs with scanning
+    pytest.param("decoder_only", "full", marks=pytest.mark.slow)])
 def test_scanned_stack_gives_the_per_layer_loss_and_gradients(family, remat):
     batch = _t5_batch() if family == "t5" else _gpt_batch()
     plain = _model(family)
