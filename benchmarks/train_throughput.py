@@ -45,7 +45,7 @@ from benchmarks import hf_t5_step, interleave, matmul_probe, op_profile, results
 from benchmarks.families import FAMILIES
 from t5x_like import flops, hardware, partitioning, trainer
 from t5x_like.checkpoints import scan_layout
-from t5x_like.config import load_model_config
+from t5x_like.config import bind_over, load_model_config
 from t5x_like.models.t5 import T5Config, count_params
 
 BENCHMARK_CONFIG = FAMILIES["t5"].benchmark_config
@@ -337,7 +337,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gin_file", action="append", default=[],
                         help="model gin file(s) instead of the benchmark config")
     parser.add_argument("--gin", action="append", default=[], dest="bindings",
-                        help="extra gin binding, e.g. --gin T5Config.num_encoder_layers=2")
+                        help="gin binding over the benchmark config (or after --gin_file), "
+                             "e.g. --gin T5Config.num_encoder_layers=2")
     parser.add_argument("--remat_policy", default="none",
                         help="none | full | dots | dots_no_batch | save_qkv_proj")
     parser.add_argument("--scan_layers", action="store_true",
@@ -347,13 +348,14 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def model_config(args: argparse.Namespace) -> Any:
-    """The family's benchmark config, or gin files/bindings (then the family's config class),
-    with the command line's dtype, remat, scan and depth applied."""
+    """The family's benchmark config with the command line's `--gin` bindings on top, or with
+    `--gin_file`s the config those files and bindings give (from the family's config class);
+    then the command line's dtype, remat, scan and depth."""
     family = FAMILIES[args.family]
-    if args.gin_file or args.bindings:
+    if args.gin_file:
         cfg = load_model_config(args.gin_file, args.bindings, family.config_class)
-    else:
-        cfg = family.benchmark_config
+    else:  # bindings alone edit the benchmark config
+        cfg = bind_over(family.benchmark_config, args.bindings)
     changes = {"dtype": args.dtype}
     for name in ("remat_policy", "scan_layers"):
         value = getattr(args, name)

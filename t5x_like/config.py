@@ -8,6 +8,7 @@ user, so nobody has to escape quotes in a shell.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import os
 from typing import Sequence
 
@@ -65,3 +66,23 @@ def load_model_config(gin_files: Sequence[str] = (), bindings: Sequence[str] = (
     gin.clear_config()
     parse_gin(gin_files, bindings)
     return config_class()
+
+
+def bind_over(config, bindings: Sequence[str]):
+    """`config` (a model config dataclass) with the fields that gin `bindings` of its class set
+    replaced, the rest as they were: bindings as edits of a given config rather than of the
+    class defaults (`load_model_config`)."""
+    if not bindings:
+        return config
+    cls = type(config)
+    gin.clear_config()
+    parse_gin((), bindings)
+    bound = cls()
+    changes = {}
+    for field in dataclasses.fields(cls):
+        try:
+            gin.query_parameter(f"{cls.__name__}.{field.name}")
+        except ValueError:  # not bound
+            continue
+        changes[field.name] = getattr(bound, field.name)
+    return dataclasses.replace(config, **changes)

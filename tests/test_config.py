@@ -1,6 +1,7 @@
 import pytest
 
-from t5x_like.config import load_model_config, quote_plain_string
+from t5x_like.config import bind_over, load_model_config, quote_plain_string
+from t5x_like.models.t5 import T5Config
 
 
 @pytest.mark.parametrize("binding,expected", [
@@ -27,3 +28,14 @@ def test_bindings_override_files():
 def test_unknown_binding_is_an_error():
     with pytest.raises(ValueError, match="doesn't have a parameter named 'emb_dimm'"):
         load_model_config([], ["T5Config.emb_dimm=64"])
+
+
+def test_bindings_edit_a_given_config():
+    """Only the bound fields change, even a field bound to its class default (dropout 0.1 over
+    a config with 0.0); the rest keep the given config's values, not the class defaults."""
+    given = T5Config(emb_dim=256, num_heads=4, mlp_dim=1024, dropout_rate=0.0,
+                     mlp_activations=("gelu", "linear"))
+    cfg = bind_over(given, ["T5Config.num_heads=2", "T5Config.dropout_rate=0.1"])
+    assert (cfg.num_heads, cfg.dropout_rate) == (2, 0.1)
+    assert (cfg.emb_dim, cfg.mlp_dim, cfg.mlp_activations) == (256, 1024, ("gelu", "linear"))
+    assert bind_over(given, []) is given
