@@ -2,6 +2,7 @@
 a knob changes speed and memory, not the step's result."""
 
 import json
+import shlex
 
 import pytest
 
@@ -44,3 +45,11 @@ def test_a_bad_knob_fails_before_any_worker_starts(knob, message, monkeypatch, c
     monkeypatch.setattr(knob_effect, "_start_worker", no_worker)
     with pytest.raises(SystemExit, match=message):
         knob_effect.main(["--base", TINY_T5, "--knob", knob, "--out", "/dev/null"])
+
+
+@pytest.mark.parametrize("family", sorted(knob_effect.DEFAULT_KNOBS))
+def test_every_default_knob_builds_on_its_family(family):
+    """Each family's default knobs parse and apply to its benchmark config (a knob the config
+    lacks, e.g. BERT's remat, would stop the default run before it starts)."""
+    for knob in knob_effect.DEFAULT_KNOBS[family]:
+        knob_effect.check_step_arguments(["--family", family, *shlex.split(knob)])
