@@ -77,13 +77,8 @@ def _worker(argv: list[str]) -> None:
     start = time.perf_counter()
     compiled = built.compile()
     compile_s = time.perf_counter() - start
-    holder = {"state": built.state}
-
-    def one_step() -> Any:
-        holder["state"], metrics = compiled(holder["state"], built.data, built.rng)
-        return metrics["loss"].block_until_ready()
-
-    first_loss = float(one_step())  # also the warm-up
+    one_step = train_throughput.SteppedState(built, compiled)
+    first_loss = float(one_step()["loss"])  # also the warm-up
     about = {"compile_s": compile_s, "xla_step_bytes": train_throughput.xla_step_bytes(compiled),
              "first_loss": first_loss}
     interleave.serve(interleave.timed(one_step), about=json.dumps(about))

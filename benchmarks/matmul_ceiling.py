@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 from jax.extend import core as jax_core
 
-from benchmarks import results_io, train_throughput
+from benchmarks import interleave, results_io, train_throughput
 from t5x_like import flops, hardware
 
 
@@ -186,17 +186,9 @@ def ceiling(census: Census, timed: dict[Product, dict[str, float]], step_library
 
 def step_timer(built: train_throughput.BuiltStep) -> Callable[[], float]:
     """A timer of the compiled train step (warmed up), stepping its own state."""
-    compiled = built.compile()
-    holder = {"state": built.state}
-
-    def seconds() -> float:
-        t = time.perf_counter()
-        holder["state"], metrics = compiled(holder["state"], built.data, built.rng)
-        metrics["loss"].block_until_ready()
-        return time.perf_counter() - t
-
-    seconds()
-    return seconds
+    one_step = train_throughput.SteppedState(built, built.compile())
+    one_step()
+    return interleave.timed(one_step)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -69,6 +69,20 @@ class BuiltStep:
             return self.step_fn.lower(self.state, self.data, self.rng).compile()
 
 
+class SteppedState:
+    """A compiled step applied to the state it holds: each call takes one step on the built
+    batch, blocks until it is done, keeps the new state and returns the step's metrics."""
+
+    def __init__(self, built: BuiltStep, compiled: Any):
+        self.built, self.compiled = built, compiled
+        self.state, self.metrics = built.state, None
+
+    def __call__(self) -> Any:
+        self.state, self.metrics = self.compiled(self.state, self.built.data, self.built.rng)
+        self.metrics["loss"].block_until_ready()
+        return self.metrics
+
+
 def build_step(cfg: Any, batch: int, inputs: int, targets: int,
                mesh_shape: tuple[int, int] | None = None, layout_name: str = "auto",
                loss_chunk_length: int | None = None,
@@ -124,19 +138,13 @@ def run(cfg: Any, batch: int, inputs: int, targets: int, steps: int,
     other's times and the per-round ratio other / ours (> 1: ours is faster)."""
     built = build_step(cfg, batch, inputs, targets, mesh_shape, layout_name, loss_chunk_length,
                        nonfinite_policy)
-    family, layout, state, data, rng = (built.family, built.layout, built.state, built.data,
-                                        built.rng)
-    mesh = layout.mesh
+    family, mesh = built.family, built.layout.mesh
 
     t = time.perf_counter()
     compiled = built.compile()
     compile_s = time.perf_counter() - t
 
-    holder = {"state": state}
-
-    def one_step() -> None:
-        holder["state"], holder["metrics"] = compiled(holder["state"], data, rng)
-        holder["metrics"]["loss"].block_until_ready()
+    one_step = SteppedState(built, compiled)
 
     # On CPU the matmul rate is also sampled right before and right after every timed step,
     # so each step has a peak measured under the same load from the VM's neighbours (see
@@ -172,12 +180,11 @@ def run(cfg: Any, batch: int, inputs: int, targets: int, steps: int,
                        "other_step_s_median": statistics.median(other_times),
                        **interleave.quartiles(ratios)}
     step_s = statistics.median(times)
-    loss = holder["metrics"]["loss"]
+    loss = one_step.metrics["loss"]
     op_profile_summary = None
     if profile_dir:
         op_profile_summary = op_profile.profile(one_step, profile_dir)
-    state = holder["state"]
-    params = state.params
+    params = one_step.state.params
 
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
