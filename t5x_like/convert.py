@@ -9,7 +9,7 @@ DIR holds `config.json` and `model.safetensors` (or a sharded index; BERT also r
 BERT, OpenAI GPT, GPT-2) comes from config.json's `model_type`. `--verify` runs transformers' PyTorch model and ours
 on the same batch, prints `max_abs_logit_diff=<x>` and exits non-zero (writing nothing) when a
 difference exceeds 1e-4. `--layout scanned` writes the layers stacked for a model with
-`scan_layers=True` (T5, GPT); `--from_ckpt ... --to ... --layout` restacks an existing
+`scan_layers=True` (any family); `--from_ckpt ... --to ... --layout` restacks an existing
 checkpoint either way (a run's pretrained checkpoint also converts on the fly when loaded
 through `init_checkpoint`). `--to_hf` exports a checkpoint in HuggingFace's layout, from either
 layer layout: T5ForConditionalGeneration for T5, the LM-head model for GPT, and for BERT
@@ -68,9 +68,6 @@ def _relayout(config, params, scanned: bool):
     """(config, params) with the layers in the scanned or the per-layer layout."""
     import dataclasses
 
-    if not hasattr(config, "scan_layers"):
-        raise hf_t5.CheckpointError(f"{type(config).__name__} models have no scanned layout "
-                                    "(scan_layers exists for T5 and GPT).")
     return (dataclasses.replace(config, scan_layers=scanned),
             scan_layout.to_layout(params, scanned))
 

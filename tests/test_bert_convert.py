@@ -57,3 +57,37 @@ def test_a_mismatched_tensor_is_refused(tmp_path, capsys):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     assert convert.main(["--from_hf", str(tmp_path / "hf"), "--to", str(tmp_path / "o")]) == 2
     assert "intermediate.dense.weight gives shape" in capsys.readouterr().err
+
+
+def test_scanned_layout_runs_the_reference_model_and_exports_back(tmp_path):
+    """HF -> our scanned layout: the scanned model (one `nn.scan` over the layers, remat
+    'dots') gives transformers' logits on the imported weights, and the scanned checkpoint
+    exports back to the same tensors."""
+    import dataclasses
+
+    from t5x_like.models.bert_models import BertPretrainingModel
+
+    reference = _save_reference(tmp_path / "hf")
+    assert convert.main(["--from_hf", str(tmp_path / "hf"), "--to", str(tmp_path / "scanned"),
+                         "--layout", "scanned"]) == 0
+    config = params_io.restore_config(str(tmp_path / "scanned"))
+    assert config.scan_layers
+    params = params_io.restore_saved_params(str(tmp_path / "scanned"))
+    assert "layers" in params["encoder"] and "layers_0" not in params["encoder"]
+    assert params["encoder"]["layers"]["mlp"]["wi"]["kernel"].shape[0] == HF["num_hidden_layers"]
+
+    model = BertPretrainingModel(dataclasses.replace(config, remat_policy="dots"))
+    ids = np.random.default_rng(0).integers(1, 120, (2, 10))
+    out = model.apply(params, {"input_ids": ids})
+    want_mlm, want_nsp = _logits(reference, ids)
+    np.testing.assert_allclose(out["mlm_logits"], want_mlm, atol=1e-4)
+    np.testing.assert_allclose(out["nsp_logits"], want_nsp, atol=1e-4)
+
+    assert convert.main(["--from_ckpt", str(tmp_path / "scanned"),
+                         "--to_hf", str(tmp_path / "exported")]) == 0
+    exported = transformers.BertForPreTraining.from_pretrained(
+        str(tmp_path / "exported"), local_files_only=True)
+    want, got = reference.state_dict(), exported.state_dict()
+    assert set(got) == set(want)
+    for name, tensor in got.items():
+        np.testing.assert_array_equal(tensor.numpy(), want[name].numpy(), err_msg=name)

@@ -50,6 +50,6 @@ def test_a_bad_knob_fails_before_any_worker_starts(knob, message, monkeypatch, c
 @pytest.mark.parametrize("family", sorted(knob_effect.DEFAULT_KNOBS))
 def test_every_default_knob_builds_on_its_family(family):
     """Each family's default knobs parse and apply to its benchmark config (a knob the config
-    lacks, e.g. BERT's remat, would stop the default run before it starts)."""
+    lacks, e.g. BERT's chunked loss, would stop the default run before it starts)."""
     for knob in knob_effect.DEFAULT_KNOBS[family]:
         knob_effect.check_step_arguments(["--family", family, *shlex.split(knob)])

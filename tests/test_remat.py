@@ -1,5 +1,5 @@
 """Rematerialisation changes what the backward pass keeps, never the parameters or the
-gradients: every policy gives the plain model's loss and gradients, for T5 and the
+gradients: every policy gives the plain model's loss and gradients, for T5, BERT and the
 decoder-only model, and a run may resume under another policy."""
 
 import dataclasses
@@ -8,7 +8,9 @@ import jax
 import numpy as np
 import pytest
 
-from t5x_like.models import base, layers, t5
+from benchmarks import families
+from t5x_like.models import base, bert, layers, t5
+from t5x_like.models.bert_models import BertPretrainingModel
 from t5x_like.models.decoder_only import DecoderOnlyModel, GPTConfig
 from t5x_like.models.encoder_decoder import EncoderDecoderModel, unbox
 from tests.test_chunked_loss import VOCAB, _gpt_batch, _t5_batch
@@ -19,6 +21,19 @@ T5_CONFIG = t5.T5Config(vocab_size=VOCAB, emb_dim=16, num_heads=2, head_dim=8, m
 GPT_CONFIG = GPTConfig(vocab_size=VOCAB, hidden_size=16, num_layers=2, num_heads=2,
                        intermediate_size=32, max_position_embeddings=16, dropout_rate=0.0,
                        attention_dropout_rate=0.0)
+BERT_CONFIG = bert.BertConfig(vocab_size=VOCAB, hidden_size=16, num_layers=2, num_heads=2,
+                              intermediate_size=32, max_position_embeddings=16,
+                              dropout_rate=0.0, attention_dropout_rate=0.0)
+
+
+def bert_batch() -> dict:
+    """Sentence pairs of 12 tokens, 3 masked predictions each, the second row padded after
+    8 tokens (so the attention mask matters)."""
+    batch = families.bert_batch(BERT_CONFIG, 2, 12, 3)
+    batch["input_mask"][1, 8:] = 0
+    batch["input_ids"][1, 8:] = 0
+    batch["masked_lm_positions"][1] = [1, 4, 6]
+    return batch
 
 
 def _loss_and_grads(model, params, batch):
@@ -33,6 +48,9 @@ def _models(family: str, policy: str):
     if family == "t5":
         return EncoderDecoderModel(dataclasses.replace(T5_CONFIG, remat_policy=policy)), \
             _t5_batch()
+    if family == "bert":
+        return BertPretrainingModel(dataclasses.replace(BERT_CONFIG, remat_policy=policy)), \
+            bert_batch()
     return DecoderOnlyModel(dataclasses.replace(GPT_CONFIG, remat_policy=policy)), _gpt_batch()
 
 
@@ -60,14 +78,14 @@ def _check_policies(family: str, policies) -> None:
 # T5 with two policies in the default suite (a compile each; the default suite stays under 15
 # minutes); the decoder-only pair and every (family, policy) in the slow set.
 @pytest.mark.parametrize("family,policies", [
-    ("t5", ("full", "save_qkv_proj")),
+    ("t5", ("full", "save_qkv_proj")), ("bert", ("full", "dots")),
     pytest.param("decoder_only", ("dots", "dots_no_batch"), marks=pytest.mark.slow)])
 def test_remat_policies_give_the_plain_gradients(family, policies):
     _check_policies(family, policies)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["t5", "decoder_only"])
+@pytest.mark.parametrize("family", ["t5", "bert", "decoder_only"])
 def test_every_remat_policy_gives_the_plain_gradients(family):
     _check_policies(family, sorted(set(layers.REMAT_POLICIES) - {"none"}))
 
@@ -81,14 +99,15 @@ def _count_dots(jaxpr) -> int:
     return count
 
 
-def test_the_full_policy_recomputes_the_forward_in_the_backward_pass():
+@pytest.mark.parametrize("family", ["t5", "bert"])
+def test_the_full_policy_recomputes_the_forward_in_the_backward_pass(family):
     """Not a no-op: the gradient of a rematerialised model runs the layers' matmuls again."""
     counts = {}
     for policy in ("none", "full"):
-        model, batch = _models("t5", policy)
+        model, batch = _models(family, policy)
         params = _init(model)
-        jaxpr = jax.make_jaxpr(jax.grad(lambda p: model.loss_sums(p, batch)["loss_sum"]))(
-            params)
+        jaxpr = jax.make_jaxpr(jax.grad(lambda p: base.objective(
+            model.loss_sums(p, batch), model.loss_denominators(batch))))(params)
         counts[policy] = _count_dots(jaxpr.jaxpr)
     assert counts["full"] > counts["none"], counts
 
@@ -100,3 +119,5 @@ def test_unknown_policy_and_shared_stack_are_refused():
         dataclasses.replace(T5_CONFIG, remat_policy="full", shared_encoder_decoder=True)
     with pytest.raises(ValueError, match="choose one of"):
         dataclasses.replace(GPT_CONFIG, remat_policy="sometimes")
+    with pytest.raises(ValueError, match="choose one of"):
+        dataclasses.replace(BERT_CONFIG, remat_policy="sometimes")

@@ -11,10 +11,12 @@ import pytest
 
 from t5x_like import decoding
 from t5x_like.checkpoints import scan_layout
-from t5x_like.models import base, t5
+from t5x_like.models import base, bert, t5
+from t5x_like.models.bert_models import BertPretrainingModel
 from t5x_like.models.decoder_only import DecoderOnlyModel, GPTConfig
 from t5x_like.models.encoder_decoder import EncoderDecoderModel, unbox
 from tests.test_chunked_loss import VOCAB, _gpt_batch, _t5_batch
+from tests.test_remat import bert_batch
 
 T5_CONFIG = t5.T5Config(vocab_size=VOCAB, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32,
                         num_encoder_layers=3, num_decoder_layers=2, dropout_rate=0.0,
@@ -22,11 +24,17 @@ T5_CONFIG = t5.T5Config(vocab_size=VOCAB, emb_dim=16, num_heads=2, head_dim=8, m
 GPT_CONFIG = GPTConfig(vocab_size=VOCAB, hidden_size=16, num_layers=3, num_heads=2,
                        intermediate_size=32, max_position_embeddings=32, dropout_rate=0.0,
                        attention_dropout_rate=0.0)
+BERT_CONFIG = bert.BertConfig(vocab_size=VOCAB, hidden_size=16, num_layers=3, num_heads=2,
+                              intermediate_size=32, max_position_embeddings=16,
+                              dropout_rate=0.0, attention_dropout_rate=0.0)
+BATCHES = {"t5": _t5_batch, "decoder_only": _gpt_batch, "bert": bert_batch}
 
 
 def _model(family: str, **changes):
     if family == "t5":
         return EncoderDecoderModel(dataclasses.replace(T5_CONFIG, **changes))
+    if family == "bert":
+        return BertPretrainingModel(dataclasses.replace(BERT_CONFIG, **changes))
     return DecoderOnlyModel(dataclasses.replace(GPT_CONFIG, **changes))
 
 
@@ -68,9 +76,9 @@ def test_layout_conversion_is_exact_and_names_the_layers():
 
 @pytest.mark.parametrize("family,remat", [
     ("t5", "none"), ("t5", "dots"),  # 'dots': the policy the README pairs with scanning
-    pytest.param("decoder_only", "full", marks=pytest.mark.slow)])
+    ("bert", "dots"), pytest.param("decoder_only", "full", marks=pytest.mark.slow)])
 def test_scanned_stack_gives_the_per_layer_loss_and_gradients(family, remat):
-    batch = _t5_batch() if family == "t5" else _gpt_batch()
+    batch = BATCHES[family]()
     plain = _model(family)
     params = _init(plain)
     loss, grads = _loss_and_grads(plain, params, batch)
@@ -110,6 +118,17 @@ def test_scanned_decoder_only_beam_search_matches():
     tokens_s, scores_s = run(scanned, scan_layout.stack_layers(params))
     np.testing.assert_array_equal(tokens_s, tokens)
     np.testing.assert_allclose(scores_s, scores, rtol=1e-5)
+
+
+def test_scanned_bert_refuses_the_feature_based_approach():
+    """The feature-based tagger reads every layer's output, which a scan does not keep: the
+    error says what to set, when the parameters are first shaped (before any compile)."""
+    from t5x_like.models.bert_models import BertTaggerModel
+
+    scanned = dataclasses.replace(BERT_CONFIG, scan_layers=True)
+    with pytest.raises(ValueError, match="scan_layers=False"):
+        BertTaggerModel(scanned, num_labels=3, feature_based=True, lstm_size=8).abstract_params()
+    BertTaggerModel(scanned, num_labels=3).abstract_params()  # the fine-tuned encoder scans
 
 
 def _traced_size(model, params, batch) -> int:

@@ -149,7 +149,10 @@ def params_to_hf(params: Params, cfg: BertConfig,
                  architecture: str | None = None) -> dict[str, Tensor]:
     """HF tensors from our parameters: BertForPreTraining's (the tied copies included) for a
     pretraining model, the encoder plus the head's linear layer for a fine-tuned one (without
-    the pooler for the `NO_POOLER` architectures)."""
+    the pooler for the `NO_POOLER` architectures); our parameters in either layer layout."""
+    from t5x_like.checkpoints import scan_layout
+
+    params = scan_layout.unstack_layers(params)
     out = {}
     pretraining = "mlm" in params
     head = next((h for h in FINE_TUNING_HEADS if h in params), None)

@@ -41,6 +41,10 @@ class BertConfig(layers.FamilyConfig):
     initializer_range: float = 0.02
     dtype: str = "float32"
     attention_implementation: str = "xla"  # layers.ATTENTION_IMPLEMENTATIONS
+    remat_policy: str = "none"  # layers.REMAT_POLICIES: activation memory vs recomputation
+    # One nn.scan over the layers (compile time flat in depth); parameters under `layers`
+    # with a leading layer axis instead of `layers_0..N-1` (checkpoints.scan_layout).
+    scan_layers: bool = False
 
     # Fields that decide parameter shapes and meaning (checked when a checkpoint is loaded).
     ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads",
@@ -49,6 +53,7 @@ class BertConfig(layers.FamilyConfig):
 
     def __post_init__(self) -> None:
         layers.check_attention_implementation(self.attention_implementation)
+        layers.check_remat_policy(self.remat_policy)
 
 
 def layer_norm(cfg: BertConfig, name: str) -> nn.LayerNorm:
@@ -124,7 +129,12 @@ class BertEncoder(nn.Module):
     def setup(self) -> None:
         cfg = self.config
         self.embeddings = Embeddings(cfg, name="embeddings")
-        self.layers = [EncoderLayer(cfg, name=f"layers_{i}") for i in range(cfg.num_layers)]
+        if cfg.scan_layers:
+            self.layers = layers.scanned_stack(EncoderLayer, cfg.num_layers, cfg.remat_policy,
+                                               (3,), num_args=2)(cfg, name=layers.SCANNED_STACK)
+        else:
+            layer = layers.remat(EncoderLayer, cfg.remat_policy, static_argnums=(3,))
+            self.layers = [layer(cfg, name=f"layers_{i}") for i in range(cfg.num_layers)]
         # hidden -> hidden projections name their output axis 'mlp' (an array cannot carry the
         # same logical name twice); the rules split it like a feed-forward layer.
         self.pooler = layers.Dense((cfg.hidden_size,), ("embed",), ("mlp",),
@@ -136,8 +146,13 @@ class BertEncoder(nn.Module):
                  return_all_layers: bool = False) -> tuple:
         """(sequence output (batch, length, hidden), pooled [CLS] (batch, hidden)), plus every
         layer's output as a third element with `return_all_layers` (for the feature-based
-        approach). `input_mask` defaults to token_ids != 0 ([PAD] is id 0 in BERT
-        vocabularies)."""
+        approach; per-layer stacks only). `input_mask` defaults to token_ids != 0 ([PAD] is id 0
+        in BERT vocabularies)."""
+        if return_all_layers and self.config.scan_layers:
+            raise ValueError("return_all_layers (the feature-based approach) reads every "
+                             "layer's output, which a scanned stack does not keep: set "
+                             "BertConfig.scan_layers=False (checkpoints load in either "
+                             "layout).")
         if segment_ids is None:
             segment_ids = jnp.zeros_like(token_ids)
         if input_mask is None:
@@ -145,9 +160,12 @@ class BertEncoder(nn.Module):
         mask = (input_mask[:, None, None, :] > 0)
         x = self.embeddings(token_ids, segment_ids, deterministic)
         all_layers = []
-        for layer in self.layers:
-            x = layer(x, mask, deterministic)
-            all_layers.append(x)
+        if self.config.scan_layers:
+            x, _ = self.layers(x, mask, deterministic)
+        else:
+            for layer in self.layers:
+                x = layer(x, mask, deterministic)
+                all_layers.append(x)
         pooled = jnp.tanh(self.pooler(x[:, 0]))
         return (x, pooled, all_layers) if return_all_layers else (x, pooled)
 
