@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import os
-from typing import Sequence
+from typing import Sequence, TypeVar
 
 import gin
 
@@ -68,7 +68,10 @@ def load_model_config(gin_files: Sequence[str] = (), bindings: Sequence[str] = (
     return config_class()
 
 
-def bind_over(config, bindings: Sequence[str]):
+ConfigT = TypeVar("ConfigT")
+
+
+def bind_over(config: ConfigT, bindings: Sequence[str]) -> ConfigT:
     """`config` (a model config dataclass) with the fields that gin `bindings` of its class set
     replaced, the rest as they were: bindings as edits of a given config rather than of the
     class defaults (`load_model_config`)."""

@@ -97,6 +97,7 @@ def donating_timer(fn: Callable[..., jax.Array], args: tuple[jax.Array, ...],
 
 
 def _timer_for(a: jax.Array, compiler_options: dict[str, Any]) -> Callable[[], float]:
+    """The probe's timer for one library (the seam tests replace to fake libraries)."""
     return donating_timer(lambda x: x @ x, (a,), compiler_options)
 
 
