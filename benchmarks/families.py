@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from t5x_like import optimizers
+from t5x_like.checkpoints import hf_bert, hf_gpt, hf_t5
 from t5x_like.models.bert import BertConfig
 from t5x_like.models.decoder_only import GPTConfig
 from t5x_like.models.t5 import T5Config
@@ -32,6 +33,9 @@ class Family:
     feature_lengths: Callable[[int, int], dict[str, int]]
     # tokens the model reads per example, for tokens/s
     tokens_per_example: Callable[[int, int], int]
+    # config.json of the HuggingFace model with the config's dimensions (the converters'
+    # mapping): the reference `train_throughput --compare-hf` times
+    hf_config: Callable[[Any], dict[str, Any]]
     # the paper's optimizer (`optimizers.make_optimizer` name): Adafactor for T5, Adam for BERT
     # and GPT
     optimizer: str = "adafactor"
@@ -118,7 +122,7 @@ FAMILIES: dict[str, Family] = {
                  dropout_rate=0.0, logits_via_embedding=False),
         _t5_model, t5_batch,
         lambda inputs, targets: {"inputs": inputs, "targets": targets},
-        lambda inputs, targets: inputs + targets),
+        lambda inputs, targets: inputs + targets, hf_t5.hf_config),
     "decoder_only": Family(
         GPTConfig,
         GPTConfig(vocab_size=32128, max_position_embeddings=2048, hidden_size=256,
@@ -126,7 +130,7 @@ FAMILIES: dict[str, Family] = {
                   attention_dropout_rate=0.0, pre_layer_norm=True, activation="gelu"),
         _decoder_only_model, decoder_only_batch,
         lambda inputs, targets: {"inputs": inputs, "targets": targets},
-        lambda inputs, targets: inputs + targets, optimizer="adamw"),
+        lambda inputs, targets: inputs + targets, hf_gpt.hf_config, optimizer="adamw"),
     "bert": Family(
         BertConfig,
         BertConfig(vocab_size=32128, hidden_size=256, num_layers=4, num_heads=4,
@@ -134,5 +138,5 @@ FAMILIES: dict[str, Family] = {
                    attention_dropout_rate=0.0),
         _bert_model, bert_batch,
         lambda inputs, targets: {"inputs": inputs, "targets": targets},
-        lambda inputs, targets: inputs, optimizer="adamw"),
+        lambda inputs, targets: inputs, hf_bert.hf_config, optimizer="adamw"),
 }

@@ -17,8 +17,9 @@ MFU = (model FLOPs per step / step time) / peak FLOP/s. Model FLOPs are the hand
 `t5x_like.flops` (matmuls incl. attention scores and the vocabulary projection, x3 for
 training; embedding lookups are not FLOPs), the same for every compilation of the step; XLA's
 own count is printed beside it (it counts a loop body once, so a chunked loss or scanned layers
-look cheaper to it). `--compare-hf` times HuggingFace's PyTorch T5 of the same dimensions in
-a second process, its steps alternating with ours A B B A (`benchmarks.interleave`), so the
+look cheaper to it). `--compare-hf` times HuggingFace's PyTorch model of the same family and
+dimensions (`benchmarks.hf_step`: T5ForConditionalGeneration, BertForPreTraining, GPT-2 / OpenAI
+GPT, each with its recipe's optimizer) in a second process, its steps alternating with ours A B B A (`benchmarks.interleave`), so the
 speed ratio is taken round by round on the same machine state. On accelerators the peak is
 the chip's datasheet dense bf16 rate (`t5x_like.hardware`) times the devices; on CPUs, where
 no datasheet peak applies, it is measured here as the best rate of a 2048² matmul in the same
@@ -41,10 +42,11 @@ from typing import Any
 
 import jax
 
-from benchmarks import hf_t5_step, interleave, matmul_probe, op_profile, results_io
+from benchmarks import hf_step, interleave, matmul_probe, op_profile, results_io
 from benchmarks.families import FAMILIES
 from t5x_like import flops, hardware, partitioning, trainer
 from t5x_like.checkpoints import scan_layout
+from t5x_like.checkpoints.hf_t5 import CheckpointError
 from t5x_like.config import bind_over, load_model_config
 from t5x_like.models.t5 import T5Config, count_params
 
@@ -213,6 +215,7 @@ def run(cfg: Any, batch: int, inputs: int, targets: int, steps: int,
         "scan_layers": getattr(cfg, "scan_layers", False),
         "compile_s": compile_s,
         "step_s_median": step_s,
+        "tokens_per_step": tokens,
         "tokens_per_s": tokens / step_s,
         "flops_per_step": model_flops,
         "xla_flops_per_step": xla_flops,
@@ -223,7 +226,7 @@ def run(cfg: Any, batch: int, inputs: int, targets: int, steps: int,
         "mfu_paired": paired_mfu(model_flops, times, rates) if rates else None,
         "xla_step_bytes": xla_bytes,
         "device_peak_bytes": device_stats.get("peak_bytes_in_use"),
-        "host_max_rss_bytes": hf_t5_step.peak_rss_bytes(),
+        "host_max_rss_bytes": hf_step.peak_rss_bytes(),
         "final_loss": float(loss),
         "op_profile": op_profile_summary,
         "interleaved": interleaved,
@@ -292,14 +295,16 @@ def print_table(result: dict[str, Any]) -> None:
         print(f"{k:<{width}}  {v}")
 
 
-def start_hf_reference(cfg: T5Config, batch: int, inputs: int, targets: int,
+def start_hf_reference(cfg: Any, batch: int, inputs: int, targets: int,
                        out: str) -> interleave.StepServer:
-    """HuggingFace's PyTorch T5 of the same dimensions and batch in its own process
-    (`benchmarks.hf_t5_step --serve`, as many threads as this host has cores), built and warmed
+    """HuggingFace's PyTorch model of the same family, dimensions and batch in its own process
+    (`benchmarks.hf_step --serve`, as many threads as this host has cores), built and warmed
     up, waiting to be asked for steps; it writes its description to `out` when closed."""
+    family = next(f for f in FAMILIES.values() if isinstance(cfg, f.config_class))
     server = interleave.StepServer(
-        [sys.executable, "-m", "benchmarks.hf_t5_step", "--serve",
-         "--config", json.dumps(cfg.to_json()), "--batch", str(batch), "--inputs", str(inputs),
+        [sys.executable, "-m", "benchmarks.hf_step", "--serve",
+         "--hf_config", json.dumps(family.hf_config(cfg)), "--batch", str(batch),
+         "--inputs", str(inputs),
          "--targets", str(targets), "--threads", str(os.cpu_count() or 1), "--out", out],
         name="HuggingFace reference")
     server.wait_ready()  # before our compile, so neither slows the other's start
@@ -310,13 +315,13 @@ def hf_result(result: dict[str, Any], described: dict[str, Any]) -> dict[str, An
     """The reference column: HF's step times as measured in the interleaved run."""
     step_s = result["interleaved"]["other_step_s_median"]
     return {**described, "step_s_median": step_s,
-            "tokens_per_s": result["batch"] * (result["inputs"] + result["targets"]) / step_s,
+            "tokens_per_s": result["tokens_per_step"] / step_s,
             "mfu": result["flops_per_step"] / step_s / result["peak_matmul_flops_per_s"]}
 
 
 def print_hf_comparison(result: dict[str, Any]) -> None:
     hf = result["hf"]
-    rows = [("", "t5x_like", f"HF PyTorch ({hf['threads']} threads)"),
+    rows = [("", "t5x_like", f"HF {hf['model']} ({hf['threads']} threads)"),
             ("parameters", f"{result['params']:,}", f"{hf['params']:,}"),
             ("median step time", f"{result['step_s_median'] * 1e3:.1f} ms",
              f"{hf['step_s_median'] * 1e3:.1f} ms"),
@@ -326,7 +331,7 @@ def print_hf_comparison(result: dict[str, Any]) -> None:
              _fmt_bytes(hf["host_max_rss_bytes"]))]
     print()
     for what, ours, theirs in rows:
-        print(f"{what:<18}  {ours:>18}  {theirs:>22}")
+        print(f"{what:<18}  {ours:>18}  {theirs:>36}")
     rounds = result["interleaved"]
     print(f"speed ratio (t5x_like / HF tokens/s), per round of {rounds['rounds']} interleaved "
           f"A B B A rounds: median {rounds['ratio_median']:.3f}x "
@@ -387,8 +392,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--layout", default="auto",
                         help="data_parallel | model_parallel | fsdp | auto")
     parser.add_argument("--compare-hf", dest="compare_hf", action="store_true",
-                        help="also time HuggingFace's PyTorch T5 of the same dimensions "
-                             "(needs the test extra: torch, transformers)")
+                        help="also time HuggingFace's PyTorch model of the same family and "
+                             "dimensions (needs the test extra: torch, transformers)")
     parser.add_argument("--profile", metavar="DIR", default=None,
                         help="also trace two steps into DIR and print the time per XLA op")
     parser.add_argument("--nonfinite_policy", default="stop", choices=trainer.NONFINITE_POLICIES,
@@ -398,11 +403,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
 
     cfg = model_config(args)
-    if args.compare_hf and not isinstance(cfg, T5Config):
-        parser.error("--compare-hf times HuggingFace's T5; use it with --family t5.")
     if args.compare_hf and args.steps < 2:
         parser.error("--compare-hf needs --steps >= 2 (rounds; the ratio's spread uses "
                      "quartiles).")
+    if args.compare_hf:
+        try:
+            FAMILIES[args.family].hf_config(cfg)
+        except CheckpointError as e:
+            parser.error(f"--compare-hf: {e}")
     mesh_shape = tuple(int(x) for x in args.mesh_shape.split(",")) if args.mesh_shape else None
     with tempfile.TemporaryDirectory() as tmp:
         hf_out = os.path.join(tmp, "hf.json")

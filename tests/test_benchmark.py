@@ -42,15 +42,21 @@ def test_paired_mfu_takes_each_step_against_its_own_rate():
 
 
 @pytest.mark.slow  # imports torch + transformers in a second process
-def test_huggingface_reference_column(tmp_path, capsys):
-    """--compare-hf times transformers' T5 of the same dimensions, its steps alternating with
-    ours: same parameter count (the same model), its own step times and memory, and the speed
-    ratio per round printed."""
+@pytest.mark.parametrize("family,model", [
+    ("t5", "T5ForConditionalGeneration"), ("bert", "BertForPreTraining"),
+    ("decoder_only", "GPT2LMHeadModel")])
+def test_huggingface_reference_column(tmp_path, capsys, family, model):
+    """--compare-hf times transformers' model of the same family and dimensions, its steps
+    alternating with ours: same parameter count (the same network), the same tokens per step,
+    its own step times and memory, and the speed ratio per round printed."""
+    args = {"t5": TINY, "bert": TINY_BERT, "decoder_only": TINY_GPT}[family]
     out = tmp_path / "bench.json"
-    result = train_throughput.main(TINY + ["--compare-hf", "--out", str(out)])
+    result = train_throughput.main(args + ["--steps", "2", "--compare-hf", "--out", str(out)])
     saved = json.loads(out.read_text())
     hf, rounds = saved["hf"], saved["interleaved"]
+    assert hf["model"] == model
     assert hf["params"] == result["params"]
+    assert hf["tokens_per_step"] == result["tokens_per_step"]
     assert hf["tokens_per_s"] > 0 and hf["host_max_rss_bytes"] > 0 and 0 < hf["mfu"] < 1.5
     assert hf["final_loss"] > 0
     assert rounds["rounds"] == 2 and len(rounds["other_steps_s"]) == 4  # A B B A, B A A B
@@ -88,6 +94,15 @@ def test_every_family_benchmarks(tmp_path, args, tokens, vocab_flops):
 
 
 TINY_T5 = TINY[:14]  # the model bindings only
+
+
+def test_a_model_without_a_huggingface_twin_is_refused_before_compiling(capsys, monkeypatch):
+    """A T5-style language model (relative position bias) has no transformers GPT class."""
+    monkeypatch.setattr(train_throughput, "run", None)  # reaching the step would fail here
+    with pytest.raises(SystemExit):
+        train_throughput.main(TINY_GPT + ["--gin", "GPTConfig.position_encoding='relative'",
+                                          "--steps", "2", "--compare-hf", "--out", "/dev/null"])
+    assert "--compare-hf: transformers' GPT models have no equivalent" in capsys.readouterr().err
 
 
 def test_decode_benchmark_matches_huggingface_generate(tmp_path):
