@@ -268,7 +268,10 @@ def print_table(result: dict[str, Any]) -> None:
         ("parameters", f"{result['params']:,}"),
         ("batch x (inputs + targets)",
          f"{result['batch']} x ({result['inputs']} + {result['targets']}), {result['dtype']}"),
-        ("remat policy", result["remat_policy"]),
+        # BERT reads `inputs` tokens and predicts `targets` of them; the others read both
+        ("tokens per step", f"{result['tokens_per_step']:,}"),
+        ("remat policy", result["remat_policy"] + (", scanned layers" if result["scan_layers"]
+                                                   else "")),
         ("loss", "whole logits" if not result["loss_chunk_length"]
          else f"chunks of {result['loss_chunk_length']} positions"),
         ("compile time", f"{result['compile_s']:.2f} s"),
