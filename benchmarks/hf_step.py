@@ -60,7 +60,9 @@ def _adamw(model):
     to global norm 1 before each update (done in the step)."""
     import torch
 
-    no_decay = lambda name: name.endswith("bias") or "LayerNorm" in name or ".ln_" in name  # noqa: E731
+    def no_decay(name: str) -> bool:
+        return name.endswith("bias") or "LayerNorm" in name or ".ln_" in name
+
     named = list(model.named_parameters())
     groups = [{"params": [p for n, p in named if not no_decay(n)]},
               {"params": [p for n, p in named if no_decay(n)], "weight_decay": 0.0}]

@@ -18,10 +18,11 @@ MFU = (model FLOPs per step / step time) / peak FLOP/s. Model FLOPs are the hand
 training; embedding lookups are not FLOPs), the same for every compilation of the step; XLA's
 own count is printed beside it (it counts a loop body once, so a chunked loss or scanned layers
 look cheaper to it). `--compare-hf` times HuggingFace's PyTorch model of the same family and
-dimensions (`benchmarks.hf_step`: T5ForConditionalGeneration, BertForPreTraining, GPT-2 / OpenAI
-GPT, each with its recipe's optimizer) in a second process, its steps alternating with ours A B B A (`benchmarks.interleave`), so the
-speed ratio is taken round by round on the same machine state. On accelerators the peak is
-the chip's datasheet dense bf16 rate (`t5x_like.hardware`) times the devices; on CPUs, where
+dimensions (`benchmarks.hf_step`: T5ForConditionalGeneration, BertForPreTraining, GPT-2 /
+OpenAI GPT, each with its recipe's optimizer) in a second process, its steps alternating with
+ours A B B A (`benchmarks.interleave`), so the speed ratio is taken round by round on the
+same machine state. On accelerators the peak is the chip's datasheet dense bf16 rate
+(`t5x_like.hardware`) times the devices; on CPUs, where
 no datasheet peak applies, it is measured here as the best rate of a 2048² matmul in the same
 dtype, so the number means "fraction of what this machine can do in a matmul"; also on an
 accelerator missing from the table.
