@@ -48,11 +48,12 @@ def test_bindings_edit_a_given_config():
     assert bind_over(given, []) is given
 
 
-def test_a_run_gin_file_still_gives_its_model_config():
-    """A run's gin file binds the trainer and tasks too: the parse falls back to every
-    configurable, and the model config is the one the file sets."""
-    cfg = load_model_config(["gin_configs/runs/quickstart.gin"])
-    assert (cfg.vocab_size, cfg.emb_dim) == (2048, 128)
+def test_bindings_beyond_the_model_still_parse():
+    """A binding of something other than a model config (here the tasks' C4 directory) makes
+    the parse fall back to every configurable; the model config is the one bound."""
+    cfg = load_model_config(["gin_configs/models/t5_1_1/small.gin"],
+                            ["c4_files.json_dir='/tmp/c4'", "T5Config.emb_dim=64"])
+    assert (cfg.emb_dim, cfg.mlp_dim) == (64, 1024)
 
 
 def test_reading_a_model_config_does_not_import_tensorflow():
