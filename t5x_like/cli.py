@@ -5,6 +5,7 @@ instead of tracebacks."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from typing import Any, Callable, Sequence
@@ -56,3 +57,12 @@ def run(entry: Callable[[], Any], argv: Sequence[str] | None, description: str) 
         print(f"error: {e}", file=sys.stderr)
         return 3
     return 0
+
+
+def main_of_module(module_name: str) -> None:
+    """Run `module_name`'s `main()` and exit with its code. An entry point calls this when run
+    as `python -m module_name`, before its own definitions: the file then runs as `__main__`,
+    and its gin configurables would be registered under `__main__` as well as under the
+    module's name once anything imports the module (`config.register_configurables` does), so
+    a binding such as `train.batch_size` would match two configurables."""
+    sys.exit(importlib.import_module(module_name).main())

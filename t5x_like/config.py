@@ -44,7 +44,9 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def register_configurables() -> None:
     """Import every module that defines gin configurables, so any of them can be bound."""
     import tasks  # noqa: F401  (bert_vocab_path, c4_files, text_corpus, ...)
-    from t5x_like import decoding, optimizers, squad_eval  # noqa: F401
+    from t5x_like import (decoding, distributed, infer, optimizers,  # noqa: F401
+                          partitioning, preemption, squad_eval, train)
+    from t5x_like import eval as _eval  # noqa: F401
     from t5x_like.models import (bert_models, decoder_only, encoder_decoder,  # noqa: F401
                                  gpt_finetune)
 
@@ -84,8 +86,9 @@ def load_model_config(gin_files: Sequence[str] = (), bindings: Sequence[str] = (
 def _parse_for_model_config(gin_files: Sequence[str], bindings: Sequence[str]) -> None:
     """Parse gin from a clean state for reading a model config: with the model config classes
     alone when that is all the files and bindings name (a model gin file, `--gin
-    T5Config....`), so TensorFlow is not imported; else (a binding of a task's or the
-    decoder's setting) with every configurable, where a binding nothing defines fails as usual.
+    T5Config....`), so TensorFlow is not imported; else (a run's gin file, a binding of a
+    task's or the decoder's setting) with every configurable, where a binding nothing defines
+    fails as usual.
     """
     gin.clear_config()
     try:

@@ -16,29 +16,39 @@ ids, scores, spans or tags), with `metrics.json` only.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # `python -m t5x_like.eval`: run it under that name
+    from t5x_like.cli import main_of_module
+
+    main_of_module("t5x_like.eval")
+
 import json
 import os
-import sys
 from typing import Any, Callable, Mapping, Sequence
 
 import gin
 import jax
 import seqio
 
-from t5x_like import classifier_eval, cli, decoding, evaluation, partitioning, storage
+from t5x_like import (classifier_eval, cli, decoding, evaluation, input_pipeline,
+                      partitioning, storage)
 from t5x_like.checkpoints import params_io
 from t5x_like.config import ConfigError
 from t5x_like.models.base import Model
 from t5x_like.models.encoder_decoder import EncoderDecoderModel, unbox
 
 
+def require_checkpoint(checkpoint: str | None) -> None:
+    """Fail before any data is read or model built when no checkpoint is named."""
+    if not checkpoint:
+        raise ConfigError("No checkpoint: pass --gin.CHECKPOINT=/path/to/MODEL_DIR (or a "
+                          "directory written by python -m t5x_like.convert).")
+
+
 def restore_model(checkpoint: str | None,
                   model_class: Callable[[], Model] = EncoderDecoderModel) -> tuple[Model, Any]:
     """The gin-configured model and the checkpoint's parameters, sharded over all devices by
     the configured mesh and rules (checked against the checkpoint's config first)."""
-    if not checkpoint:
-        raise ConfigError("No checkpoint: pass --gin.CHECKPOINT=/path/to/MODEL_DIR (or a "
-                          "directory written by python -m t5x_like.convert).")
+    require_checkpoint(checkpoint)
     model = model_class()
     mesh = partitioning.make_mesh()
     rules = partitioning.logical_axis_rules(num_partitions=partitioning.model_axis_size(mesh))
@@ -64,9 +74,11 @@ def evaluate(checkpoint: str | None = None, task: str = "glue_v002_proportional"
              model_class: Callable[[], Model] = EncoderDecoderModel,
              ) -> dict[str, dict[str, float]]:
     """Metrics per task; predictions and metrics written under `output_dir`."""
+    require_checkpoint(checkpoint)
     feature_lengths = dict(task_feature_lengths)
     if tfds_data_dir:
         seqio.set_tfds_data_dir_override(tfds_data_dir)
+    input_pipeline.check_data_available(input_pipeline.resolve_task(task), split)
     task_names = evaluation.evaluable_tasks(task, split)
     if not task_names:
         raise ConfigError(f"{task!r} has no task with metrics and a {split!r} split.")
@@ -107,6 +119,3 @@ def _write_metrics(output_dir: str, results: Mapping[str, Mapping[str, float]]) 
 def main(argv: Sequence[str] | None = None) -> int:
     return cli.run(evaluate, argv, __doc__.split("\n\n")[0])
 
-
-if __name__ == "__main__":
-    sys.exit(main())

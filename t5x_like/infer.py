@@ -13,9 +13,13 @@ search or sampling by binding it).
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # `python -m t5x_like.infer`: run it under that name
+    from t5x_like.cli import main_of_module
+
+    main_of_module("t5x_like.infer")
+
 import json
 import os
-import sys
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import gin
@@ -24,7 +28,7 @@ import numpy as np
 
 from t5x_like import cli, decoding, evaluation, input_pipeline, storage
 from t5x_like.config import ConfigError
-from t5x_like.eval import default_output_dir, restore_model
+from t5x_like.eval import default_output_dir, require_checkpoint, restore_model
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
 
 
@@ -60,8 +64,11 @@ def infer(checkpoint: str | None = None, task: str | None = None, split: str = "
     if not task:
         raise ConfigError("infer.task (--gin.INFER_TASK=...) names the task whose vocabulary "
                           "(and, without infer.input_file, whose examples) to use.")
+    require_checkpoint(checkpoint)
     feature_lengths = dict(task_feature_lengths)
     task_obj = input_pipeline.resolve_task(task)
+    if not input_file:
+        input_pipeline.check_data_available(task_obj, split)
     vocabulary = task_obj.output_features["targets"].vocabulary
     examples = (read_inputs(input_file, vocabulary, feature_lengths["inputs"], add_eos)
                 if input_file
@@ -83,6 +90,3 @@ def infer(checkpoint: str | None = None, task: str | None = None, split: str = "
 def main(argv: Sequence[str] | None = None) -> int:
     return cli.run(infer, argv, __doc__.split("\n\n")[0])
 
-
-if __name__ == "__main__":
-    sys.exit(main())

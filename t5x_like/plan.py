@@ -9,6 +9,10 @@ XLA's temporaries (activations and workspace), the FLOPs of a step, and whether 
 accelerator in `ACCELERATOR_MEMORY`. CPU compilation stands in for the target's: buffer sizes
 follow from the partitioned program, while a TPU/GPU compiler may fuse and schedule differently,
 so treat the verdict as a planning estimate with a margin, not a guarantee.
+
+Give it the run's gin files as well (`--gin_file=gin_configs/runs/pretrain.gin`) to plan the run
+as `t5x_like.train` would take it: its batch size, feature lengths, micro-batches and optimizer;
+a flag given here overrides the run's binding.
 """
 
 from __future__ import annotations
@@ -47,12 +51,53 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="mesh axis names, e.g. data,fsdp,model with --layout=hybrid_fsdp")
     parser.add_argument("--layout", default="auto",
                         help="data_parallel | model_parallel | fsdp | auto")
-    parser.add_argument("--batch_size", type=int, default=128)
-    parser.add_argument("--inputs", type=int, default=512)
-    parser.add_argument("--targets", type=int, default=114)
-    parser.add_argument("--num_microbatches", type=int, default=1)
+    # None: the run's binding (train.batch_size, ...) when a gin file makes one, else train's
+    # default (`RUN_DEFAULTS`).
+    parser.add_argument("--batch_size", type=int, default=None, help="default 128")
+    parser.add_argument("--inputs", type=int, default=None, help="default 512")
+    parser.add_argument("--targets", type=int, default=None, help="default 114")
+    parser.add_argument("--num_microbatches", type=int, default=None, help="default 1")
     parser.add_argument("--json", default=None, help="also write the numbers here")
     return parser.parse_args(argv)
+
+
+# train's defaults (the T5 baseline) for what neither a flag nor the run's gin file sets.
+RUN_DEFAULTS = {"batch_size": 128, "inputs": 512, "targets": 114, "num_microbatches": 1,
+                "optimizer": "adafactor"}
+
+
+def _run_bindings() -> dict[str, Any]:
+    """What the parsed gin files bind for `train` (nothing when only a model file was read,
+    where `train` is not even registered)."""
+    import gin
+
+    try:
+        return gin.get_bindings("train")
+    except ValueError:
+        return {}
+
+
+def _with_run_settings(args: argparse.Namespace, run: dict[str, Any]) -> argparse.Namespace:
+    """`args` with each setting left unset taken from the run's bindings `run`, else from
+    RUN_DEFAULTS. The planner compiles T5's step: a run of another model class is an error."""
+    from t5x_like.config import ConfigError
+    from t5x_like.models.encoder_decoder import EncoderDecoderModel
+
+    model_class = run.get("model_class", EncoderDecoderModel)
+    if model_class is not EncoderDecoderModel:
+        raise ConfigError(
+            f"the run's gin file trains {getattr(model_class, '__name__', model_class)}; the "
+            "planner plans T5's encoder-decoder train step only. Give it the model's gin file "
+            "and --batch_size/--inputs/--targets instead.")
+    lengths = dict(run.get("task_feature_lengths", {}))
+    from_run = {"batch_size": run.get("batch_size"), "inputs": lengths.get("inputs"),
+                "targets": lengths.get("targets"),
+                "num_microbatches": run.get("num_microbatches"),
+                "optimizer": run.get("optimizer")}
+    settings = {name: next(v for v in (getattr(args, name, None), from_run[name], default)
+                           if v is not None)
+                for name, default in RUN_DEFAULTS.items()}
+    return argparse.Namespace(**{**vars(args), **settings})
 
 
 def plan(args: argparse.Namespace) -> dict[str, Any]:
@@ -69,9 +114,10 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
                          "the planner in a fresh process (XLA_FLAGS must be set before jax "
                          "starts).")
     cfg = load_model_config(args.gin_file, args.bindings)
+    args = _with_run_settings(args, _run_bindings())
     model = EncoderDecoderModel(cfg)
     lr = optimizers.inverse_sqrt_schedule()
-    optimizer = optimizers.t5_adafactor(lr)
+    optimizer = optimizers.make_optimizer(args.optimizer, lr)
     axis_names = tuple(args.mesh_axes.split(","))
     mesh_shape = (tuple(int(x) for x in args.mesh_shape.split(",")) if args.mesh_shape
                   else (args.num_devices,) + (1,) * (len(axis_names) - 1))
@@ -118,7 +164,7 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
         "num_devices": args.num_devices, "mesh": dict(mesh.shape), "layout": args.layout,
         "rules": [list(r) for r in rules],
         "batch": [args.batch_size, args.inputs, args.targets],
-        "num_microbatches": args.num_microbatches,
+        "num_microbatches": args.num_microbatches, "optimizer": args.optimizer,
         "compile_s": compile_s,
         "bytes_per_device": {"parameters": param_bytes, "optimizer_state": opt_bytes,
                              "temporaries": temp, "arguments": args_bytes,
@@ -140,6 +186,7 @@ def print_report(result: dict[str, Any]) -> None:
           f"{result['layout']}")
     print(f"batch            {result['batch'][0]} x ({result['batch'][1]} + "
           f"{result['batch'][2]}) tokens, {result['num_microbatches']} micro-batch(es)")
+    print(f"optimizer        {result['optimizer']}")
     print(f"compile          {result['compile_s']:.1f} s (CPU, ahead of time)")
     print("per device:")
     print(f"  parameters       {_gib(b['parameters'])}")

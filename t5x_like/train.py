@@ -11,6 +11,11 @@ from the newest checkpoint in MODEL_DIR.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # `python -m t5x_like.train`: run it under that name
+    from t5x_like.cli import main_of_module
+
+    main_of_module("t5x_like.train")
+
 import dataclasses
 import itertools
 import json
@@ -620,6 +625,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             if a.startswith("--profile_steps=") else a for a in argv]
     return cli.run(train, argv, __doc__.split("\n\n")[0])
 
-
-if __name__ == "__main__":
-    sys.exit(main())

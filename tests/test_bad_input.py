@@ -1,6 +1,7 @@
 """The bad-input catalogue: each mistake is caught before expensive work (no state is built,
 no step compiled, nothing written to MODEL_DIR's checkpoints) with a message that says what to
-do. One test per entry; all run `python -m t5x_like.train`'s entry point."""
+do. One test per entry; all run the entry points of `python -m t5x_like.train` (or `.eval`,
+`.infer`)."""
 
 from __future__ import annotations
 
@@ -104,6 +105,25 @@ def test_missing_tfds_dataset_says_how_to_build_it(tmp_path, capsys):
                        f"--gin.TFDS_DATA_DIR={tmp_path}/tfds"]) == 2
     err = _refused(capsys)
     assert "not prepared" in err and "tfds build c4" in err
+
+
+def test_eval_and_infer_need_a_checkpoint_and_prepared_data(tmp_path, capsys):
+    """Checked before a model is built or a checkpoint read: no checkpoint named, then a task
+    whose TFDS dataset is not prepared (was: a traceback from seqio, "has no splits")."""
+    from t5x_like import eval as eval_lib
+    from t5x_like import infer
+
+    assert eval_lib.main(["--gin_file=gin_configs/runs/eval.gin"]) == 2
+    assert "No checkpoint: pass --gin.CHECKPOINT=" in _refused(capsys)
+    assert infer.main(["--gin_file=gin_configs/runs/infer.gin",
+                       "--gin.INFER_TASK=glue_cola_v002"]) == 2
+    assert "No checkpoint: pass --gin.CHECKPOINT=" in _refused(capsys)
+    assert eval_lib.main(["--gin_file=gin_configs/runs/eval.gin",
+                          f"--gin.CHECKPOINT={tmp_path}/no_such_run",
+                          "--gin.EVAL_TASK=glue_cola_v002",
+                          f"--gin.TFDS_DATA_DIR={tmp_path}/tfds"]) == 2
+    err = _refused(capsys)
+    assert "'glue/cola" in err and "not prepared" in err and "tfds build glue/cola" in err
 
 
 def _corpus_run(tmp_path, text: bytes, *args):

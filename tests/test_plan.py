@@ -14,12 +14,11 @@ TINY = ["--gin", "T5Config.vocab_size=256", "--gin", "T5Config.emb_dim=64",
         "--gin", "T5Config.num_decoder_layers=2"]
 
 
-def _plan(tmp_path, *extra):
+def _plan(tmp_path, *extra, shape=("--batch_size=8", "--inputs=32", "--targets=8")):
     out = tmp_path / "plan.json"
     result = subprocess.run(
-        [sys.executable, "-m", "t5x_like.plan", *TINY, "--batch_size=8", "--inputs=32",
-         "--targets=8", f"--json={out}", *extra], cwd=ROOT, capture_output=True, text=True,
-        timeout=600)
+        [sys.executable, "-m", "t5x_like.plan", *TINY, *shape, f"--json={out}", *extra],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
     return result, (json.loads(out.read_text()) if out.exists() else None)
 
 
@@ -67,3 +66,44 @@ def test_planner_runs_for_t5_11b_on_32_devices(tmp_path):
     # FSDP over all 32 devices: each holds 1/32 of the float32 parameters (+ small vectors).
     held = plan["bytes_per_device"]["parameters"]
     assert 4 * 11_307_321_344 / 32 <= held < 1.01 * 4 * 11_307_321_344 / 32
+
+
+def test_planner_takes_the_runs_settings_from_its_gin_file(tmp_path):
+    """Given the run's gin file, the planner plans that run: its batch, feature lengths,
+    micro-batches and optimizer, where a flag does not override them (here --targets)."""
+    run_gin = tmp_path / "run.gin"
+    run_gin.write_text("train.batch_size = 4\n"
+                       "train.task_feature_lengths = {'inputs': 16, 'targets': 4}\n"
+                       "train.num_microbatches = 2\n"
+                       "train.optimizer = 'adamw'\n")
+    result, plan = _plan(tmp_path, "--num_devices=2", f"--gin_file={run_gin}",
+                         shape=("--targets=6",))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert plan["batch"] == [4, 16, 6] and plan["num_microbatches"] == 2
+    assert plan["optimizer"] == "adamw"
+    # Adam keeps two float32 moments per parameter, replicated under data parallelism; the
+    # parameters themselves are as many bytes.
+    held = plan["bytes_per_device"]
+    assert 2 * held["parameters"] <= held["optimizer_state"] < 2 * held["parameters"] + 64
+
+
+def test_planner_defaults_and_other_model_classes():
+    from t5x_like.config import ConfigError
+    from t5x_like.models.bert_models import BertPretrainingModel
+    from t5x_like.plan import RUN_DEFAULTS, _parse_args, _with_run_settings
+
+    args = _with_run_settings(_parse_args(["--inputs=64"]), {})
+    assert (args.batch_size, args.inputs, args.targets, args.num_microbatches,
+            args.optimizer) == (128, 64, 114, 1, "adafactor")
+    # The planner's defaults are the trainer's.
+    import inspect
+
+    from t5x_like import train
+    defaults = {k: p.default for k, p in inspect.signature(train.train).parameters.items()}
+    lengths = dict(defaults["task_feature_lengths"])
+    assert RUN_DEFAULTS == {"batch_size": defaults["batch_size"], "inputs": lengths["inputs"],
+                            "targets": lengths["targets"],
+                            "num_microbatches": defaults["num_microbatches"],
+                            "optimizer": defaults["optimizer"]}
+    with pytest.raises(ConfigError, match="trains BertPretrainingModel"):
+        _with_run_settings(_parse_args([]), {"model_class": BertPretrainingModel})
