@@ -1,17 +1,19 @@
 """Train-step regression check between two commits, interleaved so machine drift cancels.
 
     python -m benchmarks.step_regression --base HEAD~1 [--rounds 10] [--tolerance 0.03]
+        [--family bert] [--gin BertConfig.dropout_rate=0.1]
 
 A shared CPU VM drifts by ±7 % and more between runs minutes apart, so two benchmark runs one
 after the other cannot show a 3 % regression. This check extracts `--base` (any git revision)
 into a temporary directory and starts one worker process per tree (the base and this
 checkout). Each worker compiles the standard benchmark step (`benchmarks.families`: T5, or
 `--family`, with its recipe's optimizer; batch 8 x 512 + 128, the trainer's own sharded step on
-one device) once, then waits; the parent
-asks them for one step at a time, alternating A B B A, so both see the same machine. It prints
-the median step of each, the per-round ratio head/base (median and interquartile range) and a
-verdict, writes JSON, and exits 1 on a regression: the head slower in at least three rounds
-of four (the ratios' 25th percentile above 1) by more than `--tolerance` at the median.
+one device; `--gin` bindings over the config, e.g. to switch dropout on) once, then waits;
+the parent asks them for one step at a time, alternating A B B A, so both see the same machine.
+It prints the median step of each, the per-round ratio head/base (median and interquartile
+range) and a verdict, writes JSON, and exits 1 on a regression: the head slower in at least
+three rounds of four (the ratios' 25th percentile above 1) by more than `--tolerance` at the
+median.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ def _interleave():
     return module
 
 
-def _worker(family_name: str, batch: int, inputs: int, targets: int) -> None:
+def _worker(family_name: str, batch: int, inputs: int, targets: int,
+            bindings: list[str]) -> None:
     """Runs inside a tree (its code on sys.path): compile the step, then serve one step per
     request (`interleave.serve`)."""
     import jax
@@ -54,6 +57,10 @@ def _worker(family_name: str, batch: int, inputs: int, targets: int) -> None:
 
     family = FAMILIES[family_name]
     cfg = family.benchmark_config
+    if bindings:
+        from t5x_like.config import bind_over
+
+        cfg = bind_over(cfg, bindings)
     model = family.make_model(cfg, None)
     if hasattr(family, "make_optimizer"):
         lr, optimizer = family.make_optimizer()
@@ -88,7 +95,8 @@ def _start_worker(tree: str, args: argparse.Namespace, name: str):
     return _interleave().StepServer(
         [sys.executable, os.path.abspath(__file__), "--worker", "--family", args.family,
          "--batch", str(args.batch),
-         "--inputs", str(args.inputs), "--targets", str(args.targets)],
+         "--inputs", str(args.inputs), "--targets", str(args.targets),
+         *[f"--gin={b}" for b in args.bindings]],
         cwd=tree, env=env, name=f"{name} worker ({tree})")
 
 
@@ -127,7 +135,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
             head.close()
     return {"base": args.base, "base_commit": base_commit,
             "head_commit": head_commit + ("+uncommitted" if dirty else ""),
-            "rounds": args.rounds, "tolerance": args.tolerance,
+            "rounds": args.rounds, "tolerance": args.tolerance, "bindings": args.bindings,
             "base_step_s_median": statistics.median(base_times),
             "head_step_s_median": statistics.median(head_times),
             "base_steps_s": base_times, "head_steps_s": head_times, "ratios": ratios,
@@ -145,11 +153,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--inputs", type=int, default=512)
     parser.add_argument("--targets", type=int, default=128)
+    parser.add_argument("--gin", action="append", default=[], dest="bindings",
+                        help="gin binding over the family's benchmark config, in both trees "
+                             "(e.g. --gin BertConfig.dropout_rate=0.1)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default="benchmarks/results/step_regression.json")
     args = parser.parse_args(argv)
     if args.worker:
-        _worker(args.family, args.batch, args.inputs, args.targets)
+        _worker(args.family, args.batch, args.inputs, args.targets, args.bindings)
         return 0
     if args.rounds < 4:
         parser.error("--rounds must be at least 4 (the verdict uses quartiles).")

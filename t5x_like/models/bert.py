@@ -78,7 +78,7 @@ class Embeddings(nn.Module):
                                       (cfg.type_vocab_size, cfg.hidden_size),
                                       ("segments", "embed"))
         self.norm = layer_norm(cfg, "layer_norm")
-        self.dropout = nn.Dropout(cfg.dropout_rate)
+        self.dropout = layers.Dropout(cfg.dropout_rate)
 
     def __call__(self, token_ids: Array, segment_ids: Array, deterministic: bool) -> Array:
         cfg = self.config
@@ -113,11 +113,11 @@ class EncoderLayer(nn.Module):
             use_bias=True, kernel_init=init, implementation=cfg.attention_implementation,
             name="attention")(
                 x, x, mask=mask, deterministic=deterministic)
-        attended = nn.Dropout(cfg.dropout_rate)(attended, deterministic=deterministic)
+        attended = layers.Dropout(cfg.dropout_rate)(attended, deterministic=deterministic)
         x = layer_norm(cfg, "attention_norm")(x + attended)
         hidden = layers.MlpBlock(cfg.intermediate_size, activations=("gelu_exact",),
                                  dtype=dtype, use_bias=True, kernel_init=init, name="mlp")(x)
-        hidden = nn.Dropout(cfg.dropout_rate)(hidden, deterministic=deterministic)
+        hidden = layers.Dropout(cfg.dropout_rate)(hidden, deterministic=deterministic)
         return layer_norm(cfg, "mlp_norm")(x + hidden)
 
 
@@ -235,7 +235,7 @@ class BertForSequenceClassification(nn.Module):
                  input_mask: Array | None = None, deterministic: bool = True) -> Array:
         _, pooled = BertEncoder(self.config, name="encoder")(token_ids, segment_ids,
                                                              input_mask, deterministic)
-        pooled = nn.Dropout(self.config.dropout_rate)(pooled, deterministic=deterministic)
+        pooled = layers.Dropout(self.config.dropout_rate)(pooled, deterministic=deterministic)
         return _head(self.config, self.num_labels, "classifier")(pooled)
 
 
@@ -253,7 +253,7 @@ class BertForMultipleChoice(nn.Module):
         flat = lambda x: None if x is None else x.reshape(batch * choices, length)  # noqa: E731
         _, pooled = BertEncoder(self.config, name="encoder")(
             flat(token_ids), flat(segment_ids), flat(input_mask), deterministic)
-        pooled = nn.Dropout(self.config.dropout_rate)(pooled, deterministic=deterministic)
+        pooled = layers.Dropout(self.config.dropout_rate)(pooled, deterministic=deterministic)
         return _head(self.config, 1, "classifier")(pooled).reshape(batch, choices)
 
 
@@ -292,7 +292,7 @@ class BertForTokenClassification(nn.Module):
         encoder = BertEncoder(cfg, name="encoder")
         if not self.feature_based:
             sequence, _ = encoder(token_ids, segment_ids, input_mask, deterministic)
-            x = nn.Dropout(cfg.dropout_rate)(sequence, deterministic=deterministic)
+            x = layers.Dropout(cfg.dropout_rate)(sequence, deterministic=deterministic)
         else:
             _, _, all_layers = encoder(token_ids, segment_ids, input_mask, True,
                                        return_all_layers=True)

@@ -153,7 +153,7 @@ class DecoderBlock(nn.Module):
         mlp = layers.MlpBlock(cfg.intermediate_size, activations=cfg.activations, dtype=dtype,
                               use_bias=cfg.use_bias, kernel_init=mlp_init,
                               output_kernel_init=output_init, name="mlp")
-        dropout = nn.Dropout(cfg.dropout_rate)
+        dropout = layers.Dropout(cfg.dropout_rate)
         if cfg.pre_layer_norm:
             h = _norm(cfg, "attention_norm")(x)
             x = x + dropout(attention(h, h, mask=mask, bias=bias, deterministic=deterministic,
@@ -191,7 +191,7 @@ class DecoderOnly(nn.Module):
                 max_distance=cfg.relative_attention_max_distance, num_heads=cfg.num_heads,
                 bidirectional=cfg.relative_attention_bidirectional, dtype=dtype,
                 name="relpos_bias")
-        self.dropout = nn.Dropout(cfg.dropout_rate)
+        self.dropout = layers.Dropout(cfg.dropout_rate)
         if cfg.scan_layers:
             self.blocks = layers.scanned_stack(DecoderBlock, cfg.num_layers, cfg.remat_policy,
                                                (3, 4), num_args=4)(cfg, name=layers.SCANNED_STACK)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import flax.linen as nn
 import gin
 import jax
 import jax.numpy as jnp
@@ -50,7 +49,7 @@ class GPTForFineTuning(DecoderOnly):
         self.classifier = layers.Dense((self.num_outputs,), ("embed",), ("classes",),
                                        use_bias=True,
                                        kernel_init=layers.normal(self.config.initializer_range))
-        self.classifier_dropout_layer = nn.Dropout(self.classifier_dropout)
+        self.classifier_dropout_layer = layers.Dropout(self.classifier_dropout)
 
     def __call__(self, input_ids: Array, input_mask: Array,
                  deterministic: bool = True) -> tuple[Array, Array]:

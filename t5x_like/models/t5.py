@@ -121,7 +121,7 @@ class EncoderLayer(nn.Module):
                  decode: bool = False, between: Callable[[Array], Array] | None = None
                  ) -> Array:
         cfg = self.cfg
-        dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+        dropout = layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
         h = _norm(cfg, "pre_attention_layer_norm")(x)
         h = _attention(cfg, "attention")(h, h, mask, bias, deterministic, decode)
         x = x + dropout(h, deterministic=deterministic)
@@ -139,7 +139,7 @@ def _cross_attention_block(cfg: T5Config, encoded: Array, cross_mask: Array | No
     state (its modules belong to the calling decoder layer)."""
     norm = _norm(cfg, "pre_cross_attention_layer_norm")
     attention = _attention(cfg, "encoder_decoder_attention")
-    dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+    dropout = layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
 
     def block(x: Array) -> Array:
         h = attention(norm(x), encoded, cross_mask, None, deterministic)
@@ -156,7 +156,7 @@ class DecoderLayer(nn.Module):
                  cross_mask: Array | None, bias: Array, deterministic: bool,
                  decode: bool = False) -> Array:
         cfg = self.cfg
-        dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+        dropout = layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
         h = _norm(cfg, "pre_self_attention_layer_norm")(x)
         h = _attention(cfg, "self_attention")(h, h, self_mask, bias, deterministic, decode)
         x = x + dropout(h, deterministic=deterministic)
@@ -197,7 +197,7 @@ class Encoder(nn.Module):
             layer = layers.remat(EncoderLayer, cfg.remat_policy, static_argnums=(4, 5, 6))
             self.layers = [layer(cfg) for _ in range(cfg.num_encoder_layers)]
         self.encoder_norm = _norm(cfg, None)
-        self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+        self.dropout = layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
 
     def __call__(self, tokens: Array, mask: Array, deterministic: bool) -> Array:
         x = _constrain(self.dropout(self.shared_embedding(tokens), deterministic=deterministic))
@@ -230,7 +230,7 @@ class Decoder(nn.Module):
         """Logits (batch, length, vocab), or with `return_hidden` the final hidden states that
         `logits_from_hidden` projects (a chunked loss does that a slice at a time)."""
         cfg = self.cfg
-        dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+        dropout = layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
         x = _constrain(dropout(self.shared_embedding(decoder_input_tokens),
                                deterministic=deterministic))
         length = max_decode_length if decode and max_decode_length else x.shape[-2]
