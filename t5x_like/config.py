@@ -47,8 +47,9 @@ def register_configurables() -> None:
     from t5x_like import (decoding, distributed, infer, optimizers,  # noqa: F401
                           partitioning, preemption, squad_eval, train)
     from t5x_like import eval as _eval  # noqa: F401
-    from t5x_like.models import (bert_models, decoder_only, encoder_decoder,  # noqa: F401
-                                 gpt_finetune)
+    from t5x_like.models import bert_models, encoder_decoder, gpt_finetune  # noqa: F401
+
+    register_model_configurables()
 
 
 def register_model_configurables() -> None:

@@ -77,11 +77,12 @@ def check_data_available(task_or_mixture: seqio.Task | seqio.Mixture, split: str
             how = (" (C4 needs Apache Beam and the Common Crawl dumps; prepare it once on a "
                    "cluster, or read downloaded json.gz shards with c4_files.json_dir)"
                    if dataset.startswith("c4") else "")
+            offline = (", or train on the offline corpus: --gin.TASK=offline_span_corruption"
+                       if split == "train" else "")
             raise ConfigError(
                 f"Task {task.name!r} reads TFDS dataset {loader.name!r}, which is not prepared "
                 f"in {data_dir}. Build it with `tfds build {dataset} --data_dir=DIR`{how} and "
-                "pass --gin.TFDS_DATA_DIR=DIR, or train on the offline corpus: "
-                "--gin.TASK=offline_span_corruption.")
+                f"pass --gin.TFDS_DATA_DIR=DIR{offline}.")
         if not has_split:
             raise ConfigError(f"TFDS dataset {loader.name!r} has no split {tfds_split!r}; it has "
                              f"{sorted(builder.info.splits)}.")

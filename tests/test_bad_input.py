@@ -124,6 +124,7 @@ def test_eval_and_infer_need_a_checkpoint_and_prepared_data(tmp_path, capsys):
                           f"--gin.TFDS_DATA_DIR={tmp_path}/tfds"]) == 2
     err = _refused(capsys)
     assert "'glue/cola" in err and "not prepared" in err and "tfds build glue/cola" in err
+    assert "offline corpus" not in err  # a training task's alternative, not an evaluation's
 
 
 def _corpus_run(tmp_path, text: bytes, *args):
