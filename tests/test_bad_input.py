@@ -107,11 +107,18 @@ def test_missing_tfds_dataset_says_how_to_build_it(tmp_path, capsys):
     assert "not prepared" in err and "tfds build c4" in err
 
 
-def test_eval_and_infer_need_a_checkpoint_and_prepared_data(tmp_path, capsys):
+def test_eval_and_infer_need_a_checkpoint_and_prepared_data(tmp_path, capsys, monkeypatch):
     """Checked before a model is built or a checkpoint read: no checkpoint named, then a task
     whose TFDS dataset is not prepared (was: a traceback from seqio, "has no splits")."""
+    import seqio
+
     from t5x_like import eval as eval_lib
     from t5x_like import infer
+
+    # Other test modules point this task's loader at their tiny datasets, and a loader's own
+    # data_dir wins over TFDS_DATA_DIR: point it at the empty directory for this test only.
+    loader = seqio.get_mixture_or_task("glue_cola_v002").source.tfds_dataset
+    monkeypatch.setattr(loader, "_data_dir_override", str(tmp_path / "tfds"))
 
     assert eval_lib.main(["--gin_file=gin_configs/runs/eval.gin"]) == 2
     assert "No checkpoint: pass --gin.CHECKPOINT=" in _refused(capsys)
