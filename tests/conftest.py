@@ -74,3 +74,35 @@ def offline_cache(tmp_path_factory):
     path.mkdir(exist_ok=True)
     os.environ["T5X_LIKE_CACHE"] = str(path)
     return path
+
+
+def _tfds_loaders() -> set:
+    """Every registered seqio task's TFDS loader (tasks may share one). Only TFDS sources
+    are asked: some tasks' sources resolve their gin bindings on first attribute access."""
+    import seqio
+
+    sources = (seqio.TaskRegistry.get(name).source for name in seqio.TaskRegistry.names())
+    return {source.tfds_dataset for source in sources
+            if isinstance(source, seqio.TfdsDataSource)}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _restore_tfds_data_dirs():
+    """Tests point seqio's TFDS loaders at tiny datasets they build (`override_data_dir`, or
+    seqio's global override, which a loader copies into itself the first time it reads it).
+    Both are process-global and outlive the module, so a later module's task would read
+    another module's data, or its own test would pass or fail by the order modules ran in:
+    put every loader back as the module found it. (Only when seqio is loaded: importing it
+    costs seconds.)"""
+    import sys
+
+    seqio = sys.modules.get("seqio")
+    before = {loader: loader._data_dir_override for loader in _tfds_loaders()} if seqio else {}
+    global_before = seqio.utils._TFDS_DATA_DIR_OVERRIDE if seqio else None
+    yield
+    seqio = sys.modules.get("seqio")
+    if seqio is None:
+        return
+    seqio.utils.set_tfds_data_dir_override(global_before)
+    for loader in _tfds_loaders():
+        loader._data_dir_override = before.get(loader)

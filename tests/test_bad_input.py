@@ -115,8 +115,8 @@ def test_eval_and_infer_need_a_checkpoint_and_prepared_data(tmp_path, capsys, mo
     from t5x_like import eval as eval_lib
     from t5x_like import infer
 
-    # Other test modules point this task's loader at their tiny datasets, and a loader's own
-    # data_dir wins over TFDS_DATA_DIR: point it at the empty directory for this test only.
+    # A loader keeps the first data_dir override it reads (an earlier test's TFDS_DATA_DIR),
+    # and its own wins over TFDS_DATA_DIR: point it at the empty directory for this test only.
     loader = seqio.get_mixture_or_task("glue_cola_v002").source.tfds_dataset
     monkeypatch.setattr(loader, "_data_dir_override", str(tmp_path / "tfds"))
 
