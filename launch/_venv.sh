@@ -14,7 +14,7 @@ ensure_venv() {
   [ -x .venv/bin/python ] || "$python" -m venv .venv
   # shellcheck disable=SC1091
   source .venv/bin/activate
-  want="$(cat pyproject.toml requirements/lock.txt | sha256sum | cut -c1-16)"
+  want="$(cat pyproject.toml requirements/lock.txt requirements/oracles.txt | sha256sum | cut -c1-16)"
   stamp=.venv/.t5x_like_installed
   # The stamp holds "<hash> <extra>"; an install with the test extra also serves plain runs.
   local have
@@ -23,8 +23,16 @@ ensure_venv() {
     echo "Installing t5x_like${extra:+ with the $extra extra} into .venv (locked versions)..."
     python -m pip install --quiet --upgrade pip
     python -m pip install --quiet -c requirements/lock.txt -e "$spec"
+    if [ "$extra" = test ]; then install_oracles; fi
     echo "$want ${extra:-none}" > "$stamp"
   fi
+}
+
+# The reference code the data-path tests compare against (requirements/oracles.txt), without
+# its dependencies, into a folder only the tests' oracle processes put on their path.
+install_oracles() {
+  rm -rf .venv/oracles
+  python -m pip install --quiet --no-deps --target .venv/oracles -r requirements/oracles.txt
 }
 
 # Add jax's accelerator build at the locked jax version: KIND is "tpu" (libtpu) or "gpu"

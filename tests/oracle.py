@@ -1,0 +1,68 @@
+"""Run the released reference code (the T5 library, Google's BERT) in a process of its own.
+
+The data-path tests compare our output with the reference implementations' output on the same
+input. Those packages live in `.venv/oracles` (requirements/oracles.txt, installed without
+their dependencies by launch/_venv.sh) and never on the tests' own path: the T5 library
+registers seqio tasks under the same names as ours, so each oracle runs as a separate Python
+process with the oracle folder first on its path.
+
+An oracle is a script in `tests/oracles/` that reads one JSON payload from stdin and writes one
+JSON result to stdout (`oracle_main` below does both, with the network blocked as in the
+tests' own process).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+from typing import Any, Callable
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+ORACLE_SCRIPTS = REPO / "tests" / "oracles"
+
+
+def oracle_dir() -> pathlib.Path:
+    """Where the reference packages are installed (T5X_LIKE_ORACLES overrides)."""
+    return pathlib.Path(os.environ.get("T5X_LIKE_ORACLES", REPO / ".venv" / "oracles"))
+
+
+def run_oracle(script: str, payload: Any, timeout: float = 600) -> Any:
+    """Run tests/oracles/<script>.py on `payload` (JSON) with the reference code importable."""
+    packages = oracle_dir()
+    if not (packages / "t5").is_dir() or not (packages / "bert").is_dir():
+        raise RuntimeError(
+            f"The reference code is not installed in {packages}: run `bash launch/test.sh` "
+            "(it installs requirements/oracles.txt), or `pip install --no-deps --target "
+            f"{packages} -r requirements/oracles.txt`.")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(packages), str(REPO)])
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    done = subprocess.run([sys.executable, str(ORACLE_SCRIPTS / f"{script}.py")],
+                          input=json.dumps(payload), capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=str(REPO))
+    if done.returncode != 0:
+        raise RuntimeError(f"oracle {script} failed (exit {done.returncode}):\n"
+                           f"{done.stderr[-6000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def oracle_main(compute: Callable[[Any], Any]) -> None:
+    """The body of an oracle script: payload from stdin, result as the last stdout line."""
+    import socket
+
+    real_connect = socket.socket.connect
+
+    def local_only(sock, address):
+        host = address[0] if isinstance(address, tuple) else address
+        if sock.family == socket.AF_UNIX or host in ("127.0.0.1", "::1", "localhost"):
+            return real_connect(sock, address)
+        raise RuntimeError(f"Oracles must not use the network (tried {address!r}).")
+
+    socket.socket.connect = local_only
+    payload = json.loads(sys.stdin.read())
+    result = compute(payload)
+    sys.stdout.write("\n" + json.dumps(result) + "\n")
