@@ -1,12 +1,14 @@
-"""seqio preprocessors for T5's unsupervised objective (span corruption, SPEC.md section 1).
+"""seqio preprocessors for T5's unsupervised objective (span corruption, T5 paper section 3.1.4).
 
-These follow the t5 library's definitions step for step, so that data made here matches data
-that released T5 checkpoints were trained on:
+These follow the T5 library's definitions (t5.data.preprocessors, t5 0.9.4) step for step, down
+to how each step draws seqio's per-call seeds, so that the same source and seed give the same
+examples as the reference task (tests/test_reference_objectives.py checks every objective):
 
     select_random_chunk -> reduce_concat_tokens -> split_tokens(568) -> denoise(random spans)
 
-Randomness comes from seqio's per-call seeds (`seqio.map_over_dataset(num_seeds=...)`), so a
-pipeline built with a fixed seed is reproducible.
+Randomness comes from seqio's per-call seeds (`seqio.map_over_dataset(num_seeds=...)`): each
+seeded step takes the next seed from `seqio.utils.map_seed_manager`, so a pipeline built with a
+fixed seed is reproducible, and one that consumes seeds in another order is a different stream.
 """
 
 from __future__ import annotations
@@ -99,20 +101,22 @@ def sentinel_id(vocabulary: seqio.Vocabulary) -> int:
 
 
 def noise_span_to_unique_sentinel(tokens: tf.Tensor, noise_mask: tf.Tensor,
-                                  vocabulary: seqio.Vocabulary,
-                                  seed: tf.Tensor | None = None) -> tf.Tensor:
+                                  vocabulary: seqio.Vocabulary, seeds: tf.Tensor | None = None,
+                                  clip_to_sentinels: bool = False) -> tf.Tensor:
     """Replace each run of noise tokens by one sentinel, unique within the example.
 
-    Sentinels count down from the top of the vocabulary. T5's code keeps counting past its
-    `extra_ids` sentinels into ordinary pieces when an example has more spans (i.i.d. noise at
-    25-50% over 512 tokens has ~100-130): here every span past the last sentinel reuses it, so
-    a sentinel never stands for a text token (such an example cannot be undone exactly).
+    Sentinels count down from the top of the vocabulary. Past the vocabulary's `extra_ids`
+    sentinels the count goes on into ordinary pieces, as in the T5 library (i.i.d. noise at
+    25-50 % over 512 tokens makes ~100-130 spans): such an id then stands for a text token too.
+    `clip_to_sentinels=True` (not the reference's behaviour; objectives expose it) reuses the
+    last sentinel for every further span instead, so a sentinel never reads as text.
     """
+    del seeds
     prev_is_noise = tf.pad(noise_mask[:-1], [[1, 0]])
     first_noise = tf.logical_and(noise_mask, tf.logical_not(prev_is_noise))
     subsequent_noise = tf.logical_and(noise_mask, prev_is_noise)
     sentinel = sentinel_id(vocabulary) + 1 - tf.cumsum(tf.cast(first_noise, tokens.dtype))
-    if vocabulary.extra_ids:
+    if clip_to_sentinels and vocabulary.extra_ids:
         sentinel = tf.maximum(sentinel, vocabulary.vocab_size - vocabulary.extra_ids)
     tokens = tf.where(first_noise, sentinel, tokens)
     return tf.boolean_mask(tokens, tf.logical_not(subsequent_noise))
@@ -120,26 +124,33 @@ def noise_span_to_unique_sentinel(tokens: tf.Tensor, noise_mask: tf.Tensor,
 
 def nonnoise_span_to_unique_sentinel(tokens: tf.Tensor, noise_mask: tf.Tensor,
                                      vocabulary: seqio.Vocabulary,
-                                     seed: tf.Tensor | None = None) -> tf.Tensor:
+                                     seeds: tf.Tensor | None = None,
+                                     clip_to_sentinels: bool = False) -> tf.Tensor:
     """The targets of span corruption: the dropped spans, each preceded by its sentinel."""
-    return noise_span_to_unique_sentinel(tokens, tf.logical_not(noise_mask), vocabulary)
+    return noise_span_to_unique_sentinel(tokens, tf.logical_not(noise_mask), vocabulary, seeds,
+                                         clip_to_sentinels)
 
 
 # ----------------------------------------------------------------------- pipeline steps
 def select_random_chunk(dataset: tf.data.Dataset, max_length: int = 65536,
                         feature_key: str = "targets") -> tf.data.Dataset:
-    """Keep one random `max_length` window of each (long) document; drop empty ones."""
+    """Keep one random `max_length` window of each (long) document; drop empty ones.
+
+    The window is one of the document's aligned `max_length` segments, drawn with the second
+    half of a split seed, as the T5 library draws it."""
 
     @seqio.map_over_dataset(num_seeds=1)
     def chunk(features, seed):
+        seeds = tf.unstack(tf.random.experimental.stateless_split(seed))
         tokens = features[feature_key]
         n = tf.shape(tokens)[0]
-        num_segments = tf.cast(tf.math.ceil(tf.cast(n, tf.float32) / max_length), tf.int32)
+        num_segments = tf.cast(
+            tf.math.ceil(tf.cast(n, tf.float32) / tf.cast(max_length, tf.float32)), tf.int32)
         start = max_length * tf.random.stateless_uniform(
-            [], seed, minval=0, maxval=tf.maximum(num_segments, 1), dtype=tf.int32)
+            [], maxval=num_segments, dtype=tf.int32, seed=seeds[1])
         return {feature_key: tokens[start:tf.minimum(start + max_length, n)]}
 
-    dataset = dataset.filter(lambda x: tf.size(x[feature_key]) > 0)
+    dataset = dataset.filter(lambda x: tf.not_equal(tf.size(x[feature_key]), 0))
     return chunk(dataset)
 
 
@@ -158,43 +169,54 @@ def reduce_concat_tokens(dataset: tf.data.Dataset, feature_key: str = "targets",
 
 def split_tokens(dataset: tf.data.Dataset, max_tokens_per_segment: int,
                  feature_key: str = "targets") -> tf.data.Dataset:
-    """Cut each token sequence into pieces of at most `max_tokens_per_segment`."""
+    """Cut each token sequence into pieces of at most `max_tokens_per_segment`.
 
-    def split(x):
+    The split is deterministic, yet it is a seeded seqio map that takes one seed, as in the
+    T5 library (whose version can also draw random segment lengths): a pipeline that skipped
+    it would hand every later step a different seed than the reference's."""
+
+    @seqio.map_over_dataset(num_seeds=1)
+    def segments(x, seed):
+        del seed
         tokens = x[feature_key]
         n = tf.shape(tokens)[0]
         num_segments = (n + max_tokens_per_segment - 1) // max_tokens_per_segment
-        padded = tf.pad(tokens, [[0, num_segments * max_tokens_per_segment - n]])
-        return tf.data.Dataset.from_tensor_slices(
-            {feature_key: tf.reshape(padded, [-1, max_tokens_per_segment])})
+        padding = num_segments * max_tokens_per_segment - n
+        pieces = tf.reshape(tf.pad(tokens, [[0, padding]]), [-1, max_tokens_per_segment])
+        lengths = tf.concat([tf.repeat(max_tokens_per_segment, num_segments - 1),
+                             [max_tokens_per_segment - padding]], axis=0)
+        return tf.data.Dataset.from_tensor_slices((pieces, lengths))
 
-    def strip(x):
-        tokens = x[feature_key]
-        return {feature_key: tf.boolean_mask(tokens, tf.not_equal(tokens, 0))}
-
-    return dataset.flat_map(split).map(strip, num_parallel_calls=AUTOTUNE)
+    dataset = dataset.filter(lambda x: tf.not_equal(tf.size(x[feature_key]), 0))
+    return segments(dataset).flat_map(lambda pieces: pieces).map(
+        lambda piece, length: {feature_key: piece[:length]}, num_parallel_calls=AUTOTUNE)
 
 
 NoiseMaskFn = Callable[[tf.Tensor, float, tf.Tensor], tf.Tensor]
-# (tokens, noise_mask, vocabulary, seed) -> tokens; the seed serves functions that draw random
-# tokens or orders (BERT-style, deshuffling) and is ignored by the others.
+# (tokens, noise_mask, vocabulary, seeds) -> tokens, the T5 library's protocol: `seeds` is a
+# pair of seeds, used by functions that draw random tokens or orders (BERT-style, deshuffling)
+# and ignored by the others.
 SpanFn = Callable[..., tf.Tensor]
 
 
 def denoise(dataset: tf.data.Dataset, output_features: Mapping[str, seqio.Feature],
             noise_density: float, noise_mask_fn: NoiseMaskFn, inputs_fn: SpanFn,
             targets_fn: SpanFn | None = None) -> tf.data.Dataset:
-    """Make (inputs, targets) from `targets` tokens with a noise mask and two span functions."""
+    """Make (inputs, targets) from `targets` tokens with a noise mask and two span functions.
+
+    One seqio seed per example, split six ways as the T5 library splits it: two for the noise
+    mask, two for the inputs function, two for the targets function."""
     vocabulary = output_features["targets"].vocabulary
     if "inputs" in output_features and output_features["inputs"].vocabulary != vocabulary:
         raise ValueError("Span corruption needs the same vocabulary for inputs and targets.")
 
-    @seqio.map_over_dataset(num_seeds=3)
-    def corrupt(features, seeds):
+    @seqio.map_over_dataset(num_seeds=1)
+    def corrupt(features, seed):
+        seeds = tf.unstack(tf.random.experimental.stateless_split(seed, 6))
         tokens = features["targets"]
         noise_mask = noise_mask_fn(tf.size(tokens), noise_density, seeds[:2])
-        inputs = inputs_fn(tokens, noise_mask, vocabulary, seed=seeds[2])
-        targets = (targets_fn(tokens, noise_mask, vocabulary, seed=seeds[2]) if targets_fn
+        inputs = inputs_fn(tokens, noise_mask, vocabulary, seeds=seeds[2:4])
+        targets = (targets_fn(tokens, noise_mask, vocabulary, seeds=seeds[4:6]) if targets_fn
                    else tokens)
         return {"inputs": inputs, "targets": targets}
 

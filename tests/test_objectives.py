@@ -16,7 +16,7 @@ TOKENS = tf.constant(VOCAB.encode(SENTENCE), tf.int32)
 # spans example drops "for inviting me" and "your party last".
 IID = tf.constant([w in ("for", "inviting", "last") for w in SENTENCE.split()])
 SPANS = tf.constant([bool(b) for b in (0, 0, 1, 1, 1, 0, 1, 1, 1, 0, 0)])
-SEED = tf.constant([1, 2])
+SEEDS = tf.constant([[1, 2], [3, 4]])
 
 
 def text(ids) -> str:
@@ -32,9 +32,11 @@ def masked(ids) -> str:
 
 
 def test_prefix_lm_row():
-    out = objectives.split_at(TOKENS, 4)
-    assert text(out["inputs"]) == "Thank you for inviting"
-    assert text(out["targets"]) == "me to your party last week ."
+    prefix = tf.range(11) < 4  # the split the row shows, as a prefix noise mask
+    assert text(objectives.drop_nonnoise_tokens(TOKENS, prefix, VOCAB)) == (
+        "Thank you for inviting")
+    assert text(objectives.drop_noise_tokens(TOKENS, prefix, VOCAB)) == (
+        "me to your party last week .")
 
 
 def test_bert_style_row():
@@ -50,7 +52,7 @@ def test_bert_style_row():
 def test_deshuffling_row():
     # The paper's shuffled example also shows a stray "fun" (not in the sentence); the input
     # here is a permutation of exactly the sentence's tokens, and the target is the sentence.
-    inputs = objectives.permute_tokens(TOKENS, IID, VOCAB, SEED)
+    inputs = objectives.permute_noise_tokens(TOKENS, tf.ones([11], tf.bool), VOCAB, SEEDS)
     assert sorted(text(inputs).split()) == sorted(SENTENCE.split())
     assert text(inputs) != SENTENCE
     order = [SENTENCE.split().index(w) for w in
@@ -110,14 +112,18 @@ def test_random_spans_rate_and_mean_length(density, mean_span):
 def test_bert_style_masks_90_percent_and_swaps_10():
     tokens = tf.fill([20000], VOCAB.encode("apple")[0])
     noise = tf.ones([20000], tf.bool)
-    out = objectives.noise_token_to_random_token_or_sentinel(tokens, noise, VOCAB, SEED).numpy()
     mask_id = preprocessors.sentinel_id(VOCAB)
-    assert abs((out == mask_id).mean() - 0.9) < 0.01
-    swapped = out[out != mask_id]
-    # Random tokens come from the ordinary vocabulary: never pad/EOS/UNK or a sentinel.
-    assert swapped.min() >= objectives.FIRST_ORDINARY_ID
-    assert swapped.max() < VOCAB.vocab_size - VOCAB.extra_ids
-    assert len(np.unique(swapped)) > 100
+    for skip_sentinels in (False, True):
+        out = objectives.noise_token_to_random_token_or_sentinel(
+            tokens, noise, VOCAB, SEEDS, skip_sentinels=skip_sentinels).numpy()
+        # 20,000 draws at p = 0.9: the standard error is 0.0021, so 0.01 is ~4.7 of them.
+        assert abs((out == mask_id).mean() - 0.9) < 0.01
+        swapped = out[out != mask_id]
+        # Random tokens: never pad/EOS/UNK; sentinels only as the reference draws them.
+        assert swapped.min() >= objectives.FIRST_ORDINARY_ID
+        top = VOCAB.vocab_size - (VOCAB.extra_ids if skip_sentinels else 0)
+        assert swapped.max() < top and len(np.unique(swapped)) > 100
+        assert (swapped >= VOCAB.vocab_size - VOCAB.extra_ids).any() != skip_sentinels
 
 
 # --------------------------------------------------------------------------- pipelines
@@ -188,3 +194,81 @@ def test_every_offline_objective_task_yields_examples():
         for ex in examples:
             assert ex["inputs"][-1] == vocab.eos_id and ex["targets"][-1] == vocab.eos_id
             assert 2 < len(ex["inputs"]) <= 64 and 1 < len(ex["targets"]) <= 64
+
+
+# --------------------------------------------------------------------------- targets length
+@pytest.mark.parametrize("objective,density,needed", [
+    # targets = the original 511 tokens and EOS; the prefix LM's up to 510 and EOS (T5 library:
+    # split_tokens_to_inputs_length, random_prefix_noise_mask); span corruption's 114
+    # (random_spans_helper, the paper's 512/114).
+    ("bert_style", 0.15, 512), ("mass_style", 0.15, 512), ("deshuffling", 1.0, 512),
+    ("prefix_lm", 0.5, 511), ("random_spans", 0.15, 114)])
+def test_fixed_targets_lengths(objective, density, needed):
+    assert objectives.targets_length_needed(objective, {"inputs": 512}, density, 3.0) == needed
+
+
+def test_iid_targets_length_is_the_one_in_a_million_tail():
+    """i.i.d. drop tokens at 15 % over 511 tokens: the targets hold Binomial(511, 0.15) tokens
+    and EOS; the accepted length L is the smallest with P(Binomial > L - 1) <= 1e-6 (scipy)."""
+    from scipy import stats
+
+    length = objectives.targets_length_needed("iid_drop_tokens", {"inputs": 512}, 0.15, 3.0)
+    assert stats.binom.sf(length - 1, 511, 0.15) <= 1e-6 < stats.binom.sf(length - 2, 511, 0.15)
+
+
+def test_replace_spans_targets_distribution_by_enumeration():
+    """The dynamic programme equals enumerating every mask of 12 tokens: the targets keep the
+    noise tokens plus one sentinel per run of kept tokens (nonnoise_span_to_unique_sentinel)."""
+    import itertools
+
+    n, p = 12, 0.3
+    exact = np.zeros(2 * n + 2)
+    for bits in itertools.product([False, True], repeat=n):
+        mask = tf.constant(bits)
+        count = len(preprocessors.nonnoise_span_to_unique_sentinel(tf.range(3, 3 + n), mask,
+                                                                   VOCAB))
+        exact[count] += p ** sum(bits) * (1 - p) ** (n - sum(bits))
+    np.testing.assert_allclose(objectives._replace_spans_targets_distribution(n, p), exact,
+                               atol=1e-12)
+
+
+@pytest.mark.parametrize("objective", ["bert_style", "prefix_lm", "iid_drop_tokens",
+                                       "iid_replace_spans", "random_spans"])
+def test_a_targets_length_that_would_cut_is_refused_with_the_one_that_fits(objective):
+    needed = objectives.targets_length_needed(objective, {"inputs": 64}, 0.15, 3.0)
+    features = {"inputs": seqio.Feature(VOCAB), "targets": seqio.Feature(VOCAB)}
+    ds = tf.data.Dataset.from_tensor_slices({"targets": [[5, 6, 7]]})
+    with pytest.raises(ValueError, match=f"at least {needed} "):
+        objectives.unsupervised_objective(ds, {"inputs": 64, "targets": needed - 1}, features,
+                                          objective=objective)
+    objectives.unsupervised_objective(ds, {"inputs": 64, "targets": needed}, features,
+                                      objective=objective)
+
+
+def test_table2_lengths_fit_their_objectives():
+    """The Table 2 data files give every row a targets length its objective fits."""
+    import gin
+
+    from t5x_like import config
+
+    for data in ("c4", "offline"):
+        gin.clear_config()
+        gin.parse_config_file(f"gin_configs/table2/data/{data}.gin", skip_unknown=True)
+        inputs = gin.query_parameter("%INPUTS_LENGTH")
+        for objective, key in (("iid_replace_spans", "%TARGETS_LENGTH"),
+                               ("prefix_lm", "%PREFIX_LM_TARGETS_LENGTH")):
+            density = objectives.FIXED_NOISE_DENSITY.get(objective, 0.15)
+            assert gin.query_parameter(key) >= objectives.targets_length_needed(
+                objective, {"inputs": inputs}, density, 3.0), (data, key)
+    del config
+
+
+def test_an_overflowing_example_is_cut_with_a_warning(capfd):
+    ds = tf.data.Dataset.from_generator(lambda: ({"targets": t} for t in ([5, 6, 7, 8], [5, 6])),
+                                        output_signature={"targets": tf.TensorSpec([None],
+                                                                                   tf.int32)})
+    out = list(objectives.warn_on_overflowing_targets(ds, {"targets": 4}, "iid_drop_tokens")
+               .as_numpy_iterator())
+    assert [x["targets"].tolist() for x in out] == [[5, 6, 7, 8], [5, 6]]  # cut later, by seqio
+    err = capfd.readouterr().err
+    assert err.count("overflow the targets length 4 by 1 tokens") == 1

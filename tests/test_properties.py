@@ -77,8 +77,12 @@ def test_span_corruption_inputs_and_targets_rebuild_the_text(length, density, me
     mask = (objectives.iid_noise_mask(tf.constant(length), density, seed_tensor) if iid else
             preprocessors.random_spans_noise_mask(tf.constant(length), density, seed_tensor,
                                                   mean_span))
-    inputs = preprocessors.noise_span_to_unique_sentinel(tokens, mask, VOCAB).numpy()
-    targets = preprocessors.nonnoise_span_to_unique_sentinel(tokens, mask, VOCAB).numpy()
+    # With clip_to_sentinels (the option; the reference's count-down into text ids past the
+    # extra ids is checked against the T5 library in test_reference_objectives.py).
+    inputs = preprocessors.noise_span_to_unique_sentinel(tokens, mask, VOCAB,
+                                                         clip_to_sentinels=True).numpy()
+    targets = preprocessors.nonnoise_span_to_unique_sentinel(tokens, mask, VOCAB,
+                                                             clip_to_sentinels=True).numpy()
     mask = mask.numpy()
     # Sentinels never take a text id, however many spans there are.
     for ids in (inputs, targets):
@@ -107,21 +111,23 @@ def test_token_level_objectives_keep_what_they_must(length, density, seeds, text
     rebuilt = np.empty(length, np.int32)
     rebuilt[~mask.numpy()], rebuilt[mask.numpy()] = kept, dropped
     np.testing.assert_array_equal(rebuilt, original)  # i.i.d. drop: inputs + targets = text
-    shuffled = objectives.permute_tokens(tokens, mask, VOCAB, seed_tensor[0]).numpy()
+    shuffled = objectives.permute_noise_tokens(tokens, tf.ones_like(mask), VOCAB,
+                                               seed_tensor).numpy()
     np.testing.assert_array_equal(np.sort(shuffled), np.sort(original))  # deshuffling
     masked = objectives.noise_token_to_sentinel(tokens, mask, VOCAB).numpy()  # MASS-style
     np.testing.assert_array_equal(masked[~mask.numpy()], original[~mask.numpy()])
     assert (masked[mask.numpy()] == preprocessors.sentinel_id(VOCAB)).all()
     bert = objectives.noise_token_to_random_token_or_sentinel(
-        tokens, mask, VOCAB, seed_tensor[0]).numpy()
+        tokens, mask, VOCAB, seed_tensor).numpy()
     np.testing.assert_array_equal(bert[~mask.numpy()], original[~mask.numpy()])
     replaced = bert[mask.numpy()]
-    assert ((replaced == preprocessors.sentinel_id(VOCAB))
-            | ((replaced >= TEXT_IDS[0]) & (replaced < TEXT_IDS[1]))).all()
-    split = objectives.random_split_point(tf.constant(length), 400, 200, seed_tensor[0])
-    parts = objectives.split_at(tokens, split)
-    np.testing.assert_array_equal(np.concatenate([parts["inputs"], parts["targets"]]), original)
-    assert 1 <= len(parts["inputs"]) <= 400 and 1 <= len(parts["targets"]) <= 200 or length > 600
+    # The reference's random tokens come from [3, vocab_size), sentinels included.
+    assert ((replaced >= objectives.FIRST_ORDINARY_ID) & (replaced < VOCAB.vocab_size)).all()
+    prefix = objectives.random_prefix_noise_mask(tf.constant(length), 0.5, seed_tensor)
+    inputs = objectives.drop_nonnoise_tokens(tokens, prefix, VOCAB).numpy()
+    targets = objectives.drop_noise_tokens(tokens, prefix, VOCAB).numpy()
+    np.testing.assert_array_equal(np.concatenate([inputs, targets]), original)  # prefix LM
+    assert 1 <= len(inputs) <= length - 1 and len(targets) >= 1
 
 
 def test_real_vocabulary_text_never_takes_a_sentinel_id():
