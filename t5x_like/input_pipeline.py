@@ -48,7 +48,12 @@ def check_data_available(task_or_mixture: seqio.Task | seqio.Mixture, split: str
     for task in _tasks_of(task_or_mixture):
         source = task.source
         source = getattr(source, "source", source)  # a LazySource decides now
-        if isinstance(source, seqio.FileDataSource) and split in source.splits:
+        if isinstance(source, seqio.FileDataSource) and split not in source.splits:
+            raise ConfigError(
+                f"Task {task.name!r} has no files for split {split!r} (it reads "
+                f"{dict(source._split_to_filepattern)}). Bind the split's files "
+                f"(e.g. text_corpus.{split}_files=...) or use another split.")
+        if isinstance(source, seqio.FileDataSource):
             if not source.list_shards(split):
                 raise ConfigError(
                     f"Task {task.name!r} reads files {source._split_to_filepattern[split]!r} "

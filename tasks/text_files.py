@@ -18,7 +18,6 @@ the run's config, through `LazySource`:
 from __future__ import annotations
 
 import gzip
-import json
 import os
 from typing import Callable, Mapping, Sequence
 
@@ -78,23 +77,88 @@ def check_text_files(paths: Sequence[str], max_files: int = 64,
                     "utf-8`) or remove the line.") from None
 
 
+# A JSON string literal, and any flat JSON value that may stand before the key we read.
+_JSON_STRING = r'"(?:[^"\\]|\\.)*"'
+_JSON_SCALAR = rf'(?:{_JSON_STRING}|-?[0-9][0-9.eE+-]*|true|false|null)'
+_HEX_DIGITS = "0123456789abcdef"
+
+
+def _json_field_pattern(key: str) -> str:
+    """A JSON object whose top-level `key` holds a string, captured (escapes kept). Fields
+    before it must be flat (strings, numbers, literals), as in C4's and most corpora's lines;
+    a nested value before the key reads as a line without it."""
+    escaped = "".join(c if c.isalnum() or c == "_" else "\\" + c for c in key)
+    return (rf'^\s*\{{(?:\s*{_JSON_STRING}\s*:\s*{_JSON_SCALAR}\s*,)*?\s*"{escaped}"\s*:\s*'
+            rf'({_JSON_STRING}).*$')
+
+
+def _hex_value(hex4: tf.Tensor) -> tf.Tensor:
+    """'00e9' -> 233, for a vector of four-digit hex strings (TensorFlow parses no hex)."""
+    digits = tf.strings.unicode_decode(tf.strings.lower(hex4), "UTF-8").to_tensor()
+    table = tf.constant([ord(c) for c in _HEX_DIGITS], tf.int32)
+    values = tf.argmax(tf.cast(tf.equal(digits[..., None], table), tf.int32), axis=-1,
+                       output_type=tf.int32)
+    return tf.reduce_sum(values * tf.constant([4096, 256, 16, 1]), axis=-1)
+
+
+def _unescape_unicode(text: tf.Tensor) -> tf.Tensor:
+    r"""Decode the \uXXXX escapes of a JSON string body, surrogate pairs included (a lone
+    surrogate becomes U+FFFD)."""
+    marked = tf.strings.regex_replace(text, r"\\u([0-9a-fA-F]{4})", "\x01\\1\x01")
+    pieces = tf.strings.split(marked, "\x01")  # text, hex, text, hex, ..., text
+    literal, codes = pieces[0::2], _hex_value(pieces[1::2])
+    # A high surrogate with an empty literal after it and a low surrogate next: one code point.
+    high = (codes >= 0xD800) & (codes < 0xDC00)
+    next_codes = tf.concat([codes[1:], [0]], 0)
+    next_empty = tf.equal(literal[1:], "")
+    pair = high & (next_codes >= 0xDC00) & (next_codes < 0xE000) & next_empty
+    is_low_of_pair = tf.concat([[False], pair[:-1]], 0)
+    combined = tf.where(pair, 0x10000 + (codes - 0xD800) * 1024 + (next_codes - 0xDC00), codes)
+    lone = (combined >= 0xD800) & (combined < 0xE000)
+    combined = tf.where(lone, 0xFFFD, combined)
+    decoded = tf.strings.unicode_encode(combined[:, None], "UTF-8")
+    decoded = tf.where(is_low_of_pair, "", decoded)
+    return tf.strings.reduce_join(
+        tf.stack([literal[:-1], decoded], axis=1), separator="") + literal[-1]
+
+
+def json_string_value(line: tf.Tensor, key: str) -> tuple[tf.Tensor, tf.Tensor]:
+    """(found, value): the top-level string field `key` of a JSON-lines record, decoded with
+    TensorFlow ops only, so the pipeline's position can be checkpointed (tf.py_function
+    cannot be). Equal to json.loads(line)[key] on every line the pattern matches."""
+    pattern = _json_field_pattern(key)
+    found = tf.strings.regex_full_match(line, pattern)
+    body = tf.strings.regex_replace(line, pattern, r"\1")
+    body = tf.strings.substr(body, 1, tf.strings.length(body) - 2)  # the quotes
+    body = tf.strings.regex_replace(body, r"\\\\", "\x02")  # escaped backslashes, first
+    for escape, char in (('"', '"'), ("/", "/"), ("b", "\b"), ("f", "\f"), ("n", "\n"),
+                         ("r", "\r"), ("t", "\t")):
+        body = tf.strings.regex_replace(body, "\\\\" + escape, char.replace("\\", "\\\\"))
+    body = tf.cond(tf.strings.regex_full_match(body, r"(?s).*\\u[0-9a-fA-F]{4}.*"),
+                   lambda: _unescape_unicode(body), lambda: body)
+    return found, tf.where(found, tf.strings.regex_replace(body, "\x02", "\\\\"), "")
+
+
 def read_jsonl(path: tf.Tensor, text_key: str = "text",
                keep_keys: Sequence[str] = ("url", "timestamp")) -> tf.data.Dataset:
     """One file of JSON lines -> string features: the document under `text` (read from
-    `text_key`, so every source looks the same to the tasks) and `keep_keys`."""
+    `text_key`, so every source looks the same to the tasks) and `keep_keys` ('' when a line
+    has none). Parsed with TensorFlow ops, so a run's input position is saved with its
+    checkpoints and a resume restores it instead of re-reading every earlier batch."""
     keys = (text_key,) + tuple(k for k in keep_keys if k not in (text_key, "text"))
     names = ("text",) + keys[1:]
 
-    def parse(line):
-        record = json.loads(line.numpy().decode("utf-8"))
-        if text_key not in record:
-            raise ValueError(f"A JSON line has no {text_key!r} field (fields: "
-                             f"{sorted(record)}); set the source's text_key.")
-        return [str(record.get(k, "")) for k in keys]
-
     def to_features(line):
-        values = tf.py_function(parse, [line], [tf.string] * len(keys))
-        return {k: tf.ensure_shape(v, []) for k, v in zip(names, values)}
+        found, text = json_string_value(line, text_key)
+        assertion = tf.debugging.Assert(found, [
+            "A JSON line of", path, f"has no top-level string field {text_key} (or a nested "
+            "value stands before it): set the source's text_key (text_corpus.text_key) or fix "
+            "the line."])
+        with tf.control_dependencies([assertion]):
+            features = {"text": tf.identity(text)}
+        for key, name in zip(keys[1:], names[1:]):
+            features[name] = json_string_value(line, key)[1]
+        return features
 
     return utf8_lines(path).map(to_features, num_parallel_calls=tf.data.AUTOTUNE)
 
@@ -137,6 +201,7 @@ class LazySource(seqio.DataSource):
     def __init__(self, resolve: Callable[[], seqio.DataSource],
                  splits: Sequence[str] = ("train", "validation")):
         super().__init__(splits=splits)
+        self._declared_splits = tuple(splits)
         self._resolve = resolve
 
     def __getattr__(self, name: str):
@@ -148,6 +213,15 @@ class LazySource(seqio.DataSource):
     @property
     def source(self) -> seqio.DataSource:
         return self._resolve()
+
+    @property
+    def splits(self) -> Sequence[str]:
+        """The resolved source's splits (a corpus without validation files has none); the
+        declared ones while the source cannot be resolved yet (gin not parsed)."""
+        try:
+            return self.source.splits
+        except ConfigError:
+            return self._declared_splits
 
     @property
     def supports_arbitrary_sharding(self) -> bool:
@@ -192,5 +266,20 @@ def text_corpus_source(train_files: str | Sequence[str] | None = None,
         raise ConfigError("The text_corpus_* tasks read your files: bind "
                           "text_corpus.train_files='/path/*.jsonl.gz' (or *.txt) and "
                           "text_corpus.validation_files=... in gin.")
-    return files_source({"train": train_files, "validation": validation_files or train_files},
-                        text_key)
+    splits = {"train": train_files}
+    if validation_files:
+        splits["validation"] = validation_files
+    else:
+        _say_once("text_corpus.validation_files is not bound: the text_corpus_* tasks have no "
+                  "validation split, so runs on them do not evaluate (the training files are "
+                  "never used for validation).")
+    return files_source(splits, text_key)
+
+
+_SAID: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    if message not in _SAID:
+        _SAID.add(message)
+        print(f"t5x_like: {message}", flush=True)

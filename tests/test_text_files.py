@@ -101,5 +101,83 @@ def test_text_corpus_without_files_is_explained():
 def test_jsonl_without_the_text_field_is_explained(tmp_path):
     (tmp_path / "a.jsonl").write_text(json.dumps({"body": "x"}) + "\n")
     source = text_files.JsonlDataSource({"train": str(tmp_path / "a.jsonl")})
-    with pytest.raises(Exception, match="has no 'text' field"):
+    with pytest.raises(Exception, match=r"a\.jsonl.*has no top-level string field text"):
         list(source.get_dataset("train", shuffle=False).as_numpy_iterator())
+
+
+# --------------------------------------------------------------------------- JSON lines
+def _random_records(n: int, seed: int):
+    """JSON lines as json.dumps writes them (ASCII-escaped or not, keys in any order), with
+    text that stresses a parser: quotes, backslashes, control characters, astral characters
+    (surrogate pairs when escaped), a lone surrogate, and a fake '"text":' inside another
+    field."""
+    import random
+
+    rng = random.Random(seed)
+    alphabet = ["a", "Z", " ", '"', "\\", "/", "\n", "\t", "\r", "\b", "\f", "é", "ß", "ﬁ",
+                "中", "😀", "\u2028", "\x01", "\x1f", "{", "}", ":", ",", "u", "\\u", "text",
+                '"text": "x"']
+    for _ in range(n):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        if rng.random() < 0.05:
+            text += "\ud800"  # a lone surrogate: json.dumps escapes it, json.loads keeps it
+        record = {"url": "".join(rng.choice(alphabet) for _ in range(6)), "text": text,
+                  "n": rng.randint(-9, 9), "ok": rng.random() < 0.5, "none": None}
+        items = list(record.items())
+        rng.shuffle(items)
+        yield json.dumps(dict(items), ensure_ascii=rng.random() < 0.5 or "\ud800" in text)
+
+
+def test_json_lines_are_parsed_as_python_json_parses_them():
+    """Reference: Python's json module. Every field read with TensorFlow ops equals
+    json.loads(line)[key] (a lone surrogate, which is no UTF-8 text, reads as U+FFFD)."""
+    import tensorflow as tf
+
+    lines = list(_random_records(600, seed=3))
+    ds = tf.data.Dataset.from_tensor_slices(lines).map(
+        lambda line: [text_files.json_string_value(line, key) for key in ("text", "url")])
+    for line, ((found, text), (_, url)) in zip(lines, ds.as_numpy_iterator()):
+        record = json.loads(line)
+        assert found
+        assert text.decode("utf-8") == record["text"].replace("\ud800", "\ufffd"), line
+        assert url.decode("utf-8") == record["url"], line
+
+
+def test_a_json_gz_corpus_resumes_from_its_saved_position(tmp_path):
+    """The exact-resume path for a JSON-lines source: the stream saved after 3 batches is
+    restored (not re-read by skipping) and continues with the batches the uninterrupted
+    stream reads next. Before the fix the save failed on tf.py_function."""
+    import numpy as np
+
+    from t5x_like import train_data
+
+    with gzip.open(tmp_path / "train.jsonl.gz", "wt", encoding="utf-8") as f:
+        for i in range(60):
+            f.write(json.dumps({"text": f"{PROSE[i % 3]} Line {i}. " * 3}) + "\n")
+    gin.bind_parameter("text_corpus.train_files", str(tmp_path / "train.jsonl.gz"))
+    with_offline_vocabulary("text_corpus_span_corruption", "text_corpus_resume_test")
+    order = train_data.DataOrder("text_corpus_resume_test", batch_size=2, seed=1, data_shards=1)
+    lengths = {"inputs": 32, "targets": 16}
+    stream = train_data.HostBatches(order, lengths, process_index=0, process_count=1)
+    for _ in range(3):
+        next(stream)
+    assert stream.save(str(tmp_path / "input_state" / "3")) is None
+    expected = [next(stream) for _ in range(2)]
+    resumed = train_data.HostBatches(order, lengths, start_batch=3,
+                                     restore_from=str(tmp_path / "input_state" / "3"),
+                                     process_index=0, process_count=1)
+    assert resumed.how_started.startswith("restored"), resumed.how_started
+    for batch in expected:
+        got = next(resumed)
+        for key, value in batch.items():
+            np.testing.assert_array_equal(value, got[key], err_msg=key)
+
+
+def test_a_corpus_without_validation_files_has_no_validation_split(tmp_path):
+    (tmp_path / "train.txt").write_text("\n".join(PROSE) + "\n")
+    gin.bind_parameter("text_corpus.train_files", str(tmp_path / "train.txt"))
+    task = seqio.get_mixture_or_task("text_corpus_span_corruption")
+    assert list(task.splits) == ["train"]  # never the training files again
+    with pytest.raises(ConfigError, match="no files for split 'validation'.*"
+                                          "text_corpus.validation_files"):
+        input_pipeline.check_data_available(task, "validation")
