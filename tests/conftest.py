@@ -7,6 +7,8 @@ import socket
 
 import pytest
 
+from tests import network
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Eight simulated CPU devices, set before jax is imported: sharding tests need a mesh, and every
 # other test runs on the same layouts a real multi-device host uses.
@@ -30,26 +32,11 @@ def pytest_configure(config):
         os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
 
 
-class NetworkBlocked(RuntimeError):
-    pass
-
-
-_real_connect = socket.socket.connect
-
-
-def _guarded_connect(sock, address):
-    """Allow local sockets only: a test that reaches for the internet fails at once."""
-    host = address[0] if isinstance(address, tuple) else address
-    if sock.family == socket.AF_UNIX or host in ("127.0.0.1", "::1", "localhost"):
-        return _real_connect(sock, address)
-    raise NetworkBlocked(f"Tests must not use the network (tried to connect to {address!r}).")
-
-
 @pytest.fixture(autouse=True, scope="session")
 def _block_network():
-    socket.socket.connect = _guarded_connect
+    socket.socket.connect = network.guarded_connect
     yield
-    socket.socket.connect = _real_connect
+    socket.socket.connect = network.REAL_CONNECT
 
 
 @pytest.fixture(autouse=True)

@@ -54,15 +54,9 @@ def oracle_main(compute: Callable[[Any], Any]) -> None:
     """The body of an oracle script: payload from stdin, result as the last stdout line."""
     import socket
 
-    real_connect = socket.socket.connect
+    from tests import network
 
-    def local_only(sock, address):
-        host = address[0] if isinstance(address, tuple) else address
-        if sock.family == socket.AF_UNIX or host in ("127.0.0.1", "::1", "localhost"):
-            return real_connect(sock, address)
-        raise RuntimeError(f"Oracles must not use the network (tried {address!r}).")
-
-    socket.socket.connect = local_only
+    socket.socket.connect = network.guarded_connect
     payload = json.loads(sys.stdin.read())
     result = compute(payload)
     sys.stdout.write("\n" + json.dumps(result) + "\n")
