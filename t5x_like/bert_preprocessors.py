@@ -3,7 +3,10 @@
 * `pretraining_pairs`: documents -> sentences -> WordPiece -> groups of documents ->
   `[CLS] A [SEP] B [SEP]` pairs with masking (`bert_data`, the reference's algorithms, run in
   a `tf.numpy_function` on each group, seeded by seqio so the stream is reproducible).
-  Masks are drawn afresh each epoch (the reference wrote a fixed set of 10 maskings to disk).
+  Masks are drawn afresh each epoch by default; `dupe_factor` gives the reference's static
+  masking (a fixed set of `dupe_factor` maskings, 10 in the reference).
+* `from_reference_records`: the TFRecords that the reference's create_pretraining_data.py
+  writes, as the same features (`tasks.bert`'s `bert_tfrecord_pretraining`).
 * `frame_pair`/`frame_single`: fine-tuning inputs — one or two texts tokenized, truncated as
   the reference's `_truncate_seq_pair` does, framed with [CLS]/[SEP] and segment ids, the label
   kept as a number (not text-to-text).
@@ -15,6 +18,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -38,7 +42,7 @@ def split_sentences(text: tf.Tensor) -> tf.Tensor:
 
 def tokenize_sentences(vocab: WordPieceVocabulary, sentences: tf.Tensor) -> tf.RaggedTensor:
     """(sentences, pieces) WordPiece ids, sentences that tokenize to nothing dropped."""
-    pieces = tf.cast(vocab.tokenizer.tokenize(sentences), tf.int32)  # FastBertTokenizer: 2-D
+    pieces = tf.cast(vocab.tokenizer.tokenize(sentences), tf.int32)  # BertTokenizer: 2-D
     return tf.ragged.boolean_mask(pieces, pieces.row_lengths() > 0)
 
 
@@ -48,23 +52,57 @@ def max_predictions_for(length: int) -> int:
     return int(np.ceil(length * 5 / 32))
 
 
-def pretraining_pairs(vocab: WordPieceVocabulary, documents_per_group: int = 64,
+# The reference draws a NotNext B from every document of one run of create_pretraining_data.py
+# (its input shard). A streaming pipeline holds the documents of one group at a time; a group
+# this large makes B's document close to uniform over a corpus far beyond the old 64 (the
+# offline task passes its whole corpus; see `tasks.bert`).
+DOCUMENTS_PER_GROUP = 4096
+# The reference's --random_seed default: static masking (`dupe_factor`) is seeded by it.
+REFERENCE_RANDOM_SEED = 12345
+
+
+def document_sentences(ex: Mapping[str, tf.Tensor], text_key: str = "text") -> tf.Tensor:
+    """A document's sentences: its `sentences` feature when the source has one (the
+    reference's corpus format, one sentence per line: `tasks.bert.SentencePerLineSource`),
+    else `split_sentences` of its text."""
+    if "sentences" in ex:
+        sentences = tf.strings.strip(ex["sentences"])
+        return tf.boolean_mask(sentences, tf.strings.length(sentences) > 0)
+    return split_sentences(ex[text_key])
+
+
+def pretraining_pairs(vocab: WordPieceVocabulary,
+                      documents_per_group: int | Callable[[], int] = DOCUMENTS_PER_GROUP,
                       short_seq_prob: float = 0.1, whole_word_masking: bool = False,
-                      text_key: str = "text") -> Callable:
+                      text_key: str = "text", dupe_factor: int | None = None,
+                      random_seed: int = REFERENCE_RANDOM_SEED,
+                      skip_single_sentence_chunks: bool = False) -> Callable:
     """The pretraining preprocessor: documents in, masked sentence pairs out, with features
     `inputs` (masked ids), `segment_ids`, `masked_lm_positions`, `targets` (original ids at
-    those positions) and `next_sentence_labels` (0 IsNext, 1 NotNext). The "random next"
-    sentences come from another document of the same group of `documents_per_group`."""
+    those positions) and `next_sentence_labels` (0 IsNext, 1 NotNext).
+
+    Documents are taken `documents_per_group` at a time (a number, or a function called when
+    the dataset is built); a NotNext B comes from any document of the group, as the
+    reference's comes from any document of its input.
+
+    Masking is dynamic by default: each pass over the data draws new pairs and masks from
+    seqio's seed (RoBERTa, Liu et al., 2019, section 4.1; a deliberate deviation from the
+    reference, which wrote a fixed set). `dupe_factor=k` is the reference's static masking:
+    each group is made into pairs k times, each copy masked once, seeded by `random_seed` and
+    the group's content only, so a group that comes again (the whole corpus, read again)
+    gives the same k copies every epoch, as training on the reference's TFRecords does."""
 
     def preprocess(ds: tf.data.Dataset, sequence_length: Mapping[str, int]) -> tf.data.Dataset:
         length = sequence_length["inputs"]
         predictions = sequence_length.get("targets") or max_predictions_for(length)
+        group = documents_per_group() if callable(documents_per_group) else documents_per_group
         vocab.tokenizer  # noqa: B018 - read (or build) the vocabulary now, outside tf.data
-        ds = ds.map(lambda ex: tokenize_sentences(vocab, split_sentences(ex[text_key])),
+        ds = ds.map(lambda ex: tokenize_sentences(vocab, document_sentences(ex, text_key)),
                     num_parallel_calls=tf.data.AUTOTUNE)
         ds = ds.filter(lambda sentences: sentences.nrows() > 0)
-        ds = ds.ragged_batch(documents_per_group)
-        make = _instance_maker(vocab, length, predictions, short_seq_prob, whole_word_masking)
+        ds = ds.ragged_batch(int(group))
+        make = _instance_maker(vocab, length, predictions, short_seq_prob, whole_word_masking,
+                               dupe_factor, random_seed, skip_single_sentence_chunks)
 
         @seqio.map_over_dataset(num_seeds=1)
         def to_instances(group, seed):
@@ -89,36 +127,69 @@ def pretraining_pairs(vocab: WordPieceVocabulary, documents_per_group: int = 64,
 def _strip_padding(ex: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     """Variable-length features as seqio tasks hold them (the converter pads again)."""
     predicted = tf.reduce_sum(tf.cast(ex["masked_lm_positions"] > 0, tf.int32))
-    return {**_strip_row_padding(ex),
+    # The row ends at its final [SEP] (never masked), the last non-zero id.
+    real = tf.reduce_max(tf.where(ex["inputs"] != 0)) + 1
+    return {**ex, "inputs": ex["inputs"][:real], "segment_ids": ex["segment_ids"][:real],
             "masked_lm_positions": ex["masked_lm_positions"][:predicted],
             "targets": ex["targets"][:predicted]}
 
 
+def _group_documents(flat: np.ndarray, sentence_splits: np.ndarray,
+                     document_splits: np.ndarray) -> list[list[list[int]]]:
+    flat = flat.tolist()
+    return [[flat[sentence_splits[s]:sentence_splits[s + 1]]
+             for s in range(document_splits[d], document_splits[d + 1])]
+            for d in range(len(document_splits) - 1)]
+
+
+def _content_ordered(documents: list[list[list[int]]]) -> tuple[list[list[list[int]]], bytes]:
+    """The documents in an order fixed by their content, and a digest of the group, so static
+    masking does not depend on the order (or the epoch) in which the group was read."""
+    def digest(document: list[list[int]]) -> bytes:
+        ids = [t for s in document for t in s] + [-1] + [len(s) for s in document]
+        return hashlib.blake2b(np.asarray(ids, np.int64).tobytes(), digest_size=16).digest()
+
+    digests = [digest(doc) for doc in documents]
+    order = sorted(range(len(documents)), key=digests.__getitem__)
+    group = hashlib.blake2b(b"".join(digests[i] for i in order), digest_size=16).digest()
+    return [documents[i] for i in order], group
+
+
 def _instance_maker(vocab: WordPieceVocabulary, length: int, predictions: int,
-                    short_seq_prob: float, whole_word: bool) -> Callable:
+                    short_seq_prob: float, whole_word: bool, dupe_factor: int | None = None,
+                    random_seed: int = REFERENCE_RANDOM_SEED,
+                    skip_single_sentence_chunks: bool = False) -> Callable:
     cls_id, sep_id, mask_id, vocab_size = vocab.cls_id, vocab.sep_id, vocab.mask_id, \
         vocab.vocab_size
     pieces = vocab.pieces if whole_word else None
 
+    def copies(documents: list[list[list[int]]], seed: np.ndarray):
+        """(documents, random generator) of each copy of the group to make into pairs."""
+        if dupe_factor is None:
+            return [(documents, np.random.default_rng([int(s) & 0xFFFFFFFF for s in seed]))]
+        documents, digest = _content_ordered(documents)
+        words = np.frombuffer(digest, np.uint32).tolist()
+        return [(documents, np.random.default_rng([random_seed, k] + words))
+                for k in range(dupe_factor)]
+
     def make(flat: np.ndarray, sentence_splits: np.ndarray, document_splits: np.ndarray,
              seed: np.ndarray) -> list[np.ndarray]:
-        rng = np.random.default_rng([int(s) & 0xFFFFFFFF for s in seed])
-        flat = flat.tolist()
-        documents = [[flat[sentence_splits[s]:sentence_splits[s + 1]]
-                      for s in range(document_splits[d], document_splits[d + 1])]
-                     for d in range(len(document_splits) - 1)]
-        instances = bert_data.sentence_pair_instances(documents, length, cls_id, sep_id, rng,
-                                                      short_seq_prob)
-        n = len(instances)
+        rows = []
+        for documents, rng in copies(_group_documents(flat, sentence_splits, document_splits),
+                                     seed):
+            for instance in bert_data.sentence_pair_instances(
+                    documents, length, cls_id, sep_id, rng, short_seq_prob,
+                    skip_single_sentence_chunks):
+                rows.append((instance, bert_data.mask_tokens(
+                    instance.tokens, (cls_id, sep_id), mask_id, vocab_size, predictions, rng,
+                    pieces=pieces, whole_word=whole_word)))
+        n = len(rows)
         tokens = np.zeros((n, length), np.int32)
         segments = np.zeros((n, length), np.int32)
         positions = np.zeros((n, predictions), np.int32)
         targets = np.zeros((n, predictions), np.int32)
         labels = np.zeros((n,), np.int32)
-        for i, instance in enumerate(instances):
-            masked, chosen, original = bert_data.mask_tokens(
-                instance.tokens, (cls_id, sep_id), mask_id, vocab_size, predictions, rng,
-                pieces=pieces, whole_word=whole_word)
+        for i, (instance, (masked, chosen, original)) in enumerate(rows):
             tokens[i, :len(masked)] = masked
             segments[i, :len(masked)] = instance.segment_ids
             positions[i, :len(chosen)] = chosen
@@ -127,6 +198,50 @@ def _instance_maker(vocab: WordPieceVocabulary, length: int, predictions: int,
         return [tokens, segments, positions, targets, labels]
 
     return make
+
+
+# ------------------------------------------------------------------- the reference's TFRecords
+REFERENCE_RECORD_FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
+                             "masked_lm_ids", "masked_lm_weights", "next_sentence_labels")
+
+
+def reference_record_features() -> dict[str, tf.io.RaggedFeature]:
+    """How to parse a tf.train.Example that the reference's create_pretraining_data.py wrote
+    (`write_instance_to_example_files`): every feature a list, of any length."""
+    return {k: tf.io.RaggedFeature(tf.float32 if k == "masked_lm_weights" else tf.int64)
+            for k in REFERENCE_RECORD_FEATURES}
+
+
+def from_reference_records(ds: tf.data.Dataset,
+                           sequence_length: Mapping[str, int] | None = None) -> tf.data.Dataset:
+    """The reference's pretraining records as our pretraining task's features: its padding
+    dropped (`input_mask`, `masked_lm_weights`), `input_ids` -> `inputs`, `masked_lm_ids` ->
+    `targets`; `segment_ids`, `masked_lm_positions` and `next_sentence_labels` as they are.
+    A record longer than the run's feature lengths fails the pipeline (never cut silently)."""
+
+    def convert(ex):
+        real = tf.reduce_sum(tf.cast(ex["input_mask"], tf.int32))
+        predicted = tf.reduce_sum(tf.cast(ex["masked_lm_weights"] > 0, tf.int32))
+        checks = []
+        if sequence_length:
+            for key, n in (("inputs", real), ("targets", predicted)):
+                if sequence_length.get(key):
+                    checks.append(tf.debugging.assert_less_equal(
+                        n, sequence_length[key], message=(
+                            f"A record of the reference has more {key} than the task "
+                            f"feature length {key}={sequence_length[key]}: write the records "
+                            "with max_seq_length / max_predictions_per_seq at most the run's "
+                            "lengths, or raise the lengths.")))
+        with tf.control_dependencies(checks):
+            as_int = {k: tf.cast(ex[k], tf.int32) for k in REFERENCE_RECORD_FEATURES
+                      if k != "masked_lm_weights"}
+            return {"inputs": as_int["input_ids"][:real],
+                    "segment_ids": as_int["segment_ids"][:real],
+                    "masked_lm_positions": as_int["masked_lm_positions"][:predicted],
+                    "targets": as_int["masked_lm_ids"][:predicted],
+                    "next_sentence_labels": tf.reshape(as_int["next_sentence_labels"], [])}
+
+    return ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE)
 
 
 # ------------------------------------------------------------------------------ fine-tuning

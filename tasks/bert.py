@@ -4,7 +4,16 @@ in BERT's input format (WordPiece, [CLS]/[SEP], segment ids, numeric labels; not
 Pretraining (task feature lengths {"inputs": 128, "targets": 20}, then 512/80):
   bert_offline_pretraining[_wwm]      the offline corpus (no download)
   bert_c4_pretraining[_wwm]           C4 (TFDS c4/en, or c4_files.json_dir shards)
-  bert_text_corpus_pretraining        your own text files (text_corpus.train_files=...)
+  bert_text_corpus_pretraining[_wwm]  your own text files (text_corpus.train_files=...)
+  bert_sentence_corpus_pretraining[_wwm]
+                                      the reference's corpus format: .txt files with one
+                                      sentence per line and a blank line between documents
+                                      (bert_sentence_corpus.train_files=...)
+  bert_tfrecord_pretraining           TFRecords written by the reference's
+                                      create_pretraining_data.py, as they are
+                                      (bert_tfrecords.train_files=...)
+The pairs' options (documents per group, static masking with `dupe_factor`) are
+`bert_pretraining_options` in gin.
 Fine-tuning (task feature lengths {"inputs": 128} or as the recipe says):
   bert_glue_{cola,sst2,mrpc,qqp,stsb,mnli,qnli,rte,wnli}, bert_glue_mnli_{matched,mismatched}
   bert_squad_v110, bert_squad_v200     SQuAD spans (document stride 128)
@@ -15,14 +24,15 @@ Fine-tuning (task feature lengths {"inputs": 128} or as the recipe says):
 
 The vocabulary is one `vocab.txt` for all of them: `bert_vocab_path.path` in gin (or the
 BERT_VOCAB environment variable): the checkpoint's own vocab.txt when fine-tuning an imported
-model, with `bert_vocab_lower_case.lower_case = False` for a cased one. Unset, it is a WordPiece vocabulary learnt once from the offline corpus. `NUM_LABELS`
-says how many outputs each fine-tuning task needs; training checks the model against it.
+model, with `bert_vocab_lower_case.lower_case = False` for a cased one. Unset, it is a
+WordPiece vocabulary learnt once from the offline corpus. `NUM_LABELS` says how many outputs
+each fine-tuning task needs; training checks the model against it.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import gin
 import seqio
@@ -30,6 +40,7 @@ import tensorflow as tf
 
 from t5x_like import bert_preprocessors as bp
 from t5x_like import metrics, offline_corpus
+from t5x_like.config import ConfigError
 from t5x_like.data.wordpiece import WordPieceVocabulary
 from tasks import c4, offline, text_files
 
@@ -67,13 +78,137 @@ def _register(name: str, source: seqio.DataSource, preprocessors: Sequence[Calla
 
 
 # ------------------------------------------------------------------------------ pretraining
-for _prefix, _source in (("offline", offline.OFFLINE_SOURCE),
-                         ("c4", text_files.LazySource(c4.c4_source)),
-                         ("text_corpus", text_files.LazySource(text_files.text_corpus_source))):
+@gin.configurable
+def bert_pretraining_options(documents_per_group: int | None = None,
+                             dupe_factor: int | None = None,
+                             random_seed: int = bp.REFERENCE_RANDOM_SEED,
+                             skip_single_sentence_chunks: bool = False) -> dict:
+    """Options of every bert_*_pretraining task's pairs (`bert_preprocessors.pretraining_pairs`),
+    read when a dataset is built. `documents_per_group` (where a NotNext B may come from):
+    None is the task's default, the whole corpus for the offline one and
+    `bert_preprocessors.DOCUMENTS_PER_GROUP` for streamed corpora; for a corpus of fewer
+    documents, its number of documents (seqio repeats the source before the pairs are made,
+    so a larger group would hold several copies of the corpus). `dupe_factor`: None masks
+    afresh each epoch; 10 is the reference's static masking."""
+    return {"documents_per_group": documents_per_group, "dupe_factor": dupe_factor,
+            "random_seed": random_seed,
+            "skip_single_sentence_chunks": skip_single_sentence_chunks}
+
+
+def _pretraining(default_group: Callable[[], int], whole_word: bool) -> Callable:
+    def pretraining_pairs(ds: tf.data.Dataset, sequence_length: Mapping[str, int]):
+        options = bert_pretraining_options()
+        group = options.pop("documents_per_group") or default_group()
+        return bp.pretraining_pairs(BERT_VOCABULARY, group, whole_word_masking=whole_word,
+                                    **options)(ds, sequence_length)
+
+    return pretraining_pairs
+
+
+def offline_documents() -> int:
+    """The offline corpus' training documents: its group holds all of them, so a NotNext B
+    comes from anywhere in the corpus, as in the reference."""
+    with open(offline_corpus.ensure_corpus()["train"], encoding="utf-8") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def read_sentence_per_line(path: tf.Tensor) -> tf.data.Dataset:
+    """The reference's corpus format (create_pretraining_data.py's input): one sentence per
+    line, a blank (or blank-looking) line between documents; the file's end ends a document.
+    Each document is `{"sentences": its lines, "text": them joined by newlines}`."""
+    compression = tf.where(tf.strings.regex_full_match(path, r".*\.gz"), "GZIP", "")
+    lines = tf.data.TextLineDataset(path, compression_type=compression)
+    lines = lines.concatenate(tf.data.Dataset.from_tensors(tf.constant("")))
+
+    def step(sentences, line):
+        line = tf.strings.strip(line)
+        ends = tf.equal(line, "")
+        done = tf.logical_and(ends, tf.size(sentences) > 0)
+        following = tf.cond(ends, lambda: tf.zeros([0], tf.string),
+                            lambda: tf.concat([sentences, tf.reshape(line, [1])], 0))
+        emitted = tf.cond(done, lambda: sentences, lambda: tf.zeros([0], tf.string))
+        return following, (emitted, done)
+
+    documents = lines.scan(tf.zeros([0], tf.string), step)
+    documents = documents.filter(lambda sentences, done: done)
+    return documents.map(lambda sentences, done: {
+        "sentences": sentences, "text": tf.strings.reduce_join(sentences, separator="\n")})
+
+
+class _BoundFiles:
+    """A file source over the files bound in gin (`binding`): asking for a split with none
+    bound is an error that names the binding (never the training files in disguise)."""
+
+    binding = ""
+
+    def list_shards(self, split: str) -> Sequence[str]:
+        if split not in self._split_to_filepattern:
+            raise ConfigError(f"No {split} files for {self.binding}: bind "
+                              f"{self.binding}.{split}_files='/path/*' in gin.")
+        return super().list_shards(split)
+
+
+class SentencePerLineSource(_BoundFiles, seqio.FileDataSource):
+    """Text files in the reference's corpus format (`read_sentence_per_line`)."""
+
+    binding = "bert_sentence_corpus"
+
+    def __init__(self, split_to_filepattern: Mapping[str, str | Sequence[str]]):
+        super().__init__(read_sentence_per_line, split_to_filepattern)
+
+
+class ReferenceRecordSource(_BoundFiles, seqio.TFExampleDataSource):
+    """TFRecords written by the reference's create_pretraining_data.py (any lengths)."""
+
+    binding = "bert_tfrecords"
+
+    def __init__(self, split_to_filepattern: Mapping[str, str | Sequence[str]]):
+        super().__init__(split_to_filepattern, bp.reference_record_features())
+
+
+def _split_files(train_files, validation_files, binding: str) -> dict:
+    if not train_files:
+        raise ConfigError(f"Bind {binding}.train_files='/path/*' (and, to evaluate, "
+                          f"{binding}.validation_files=...) in gin.")
+    splits = {"train": train_files}
+    if validation_files:
+        splits["validation"] = validation_files
+    return splits
+
+
+@gin.configurable("bert_sentence_corpus")
+def sentence_corpus_source(train_files: str | Sequence[str] | None = None,
+                           validation_files: str | Sequence[str] | None = None
+                           ) -> SentencePerLineSource:
+    """Your corpus in the reference's format for the bert_sentence_corpus_* tasks."""
+    return SentencePerLineSource(_split_files(train_files, validation_files,
+                                              SentencePerLineSource.binding))
+
+
+@gin.configurable("bert_tfrecords")
+def tfrecord_source(train_files: str | Sequence[str] | None = None,
+                    validation_files: str | Sequence[str] | None = None
+                    ) -> ReferenceRecordSource:
+    """TFRecords written by the reference's create_pretraining_data.py, for
+    bert_tfrecord_pretraining."""
+    return ReferenceRecordSource(_split_files(train_files, validation_files,
+                                              ReferenceRecordSource.binding))
+
+
+def _streamed() -> int:
+    return bp.DOCUMENTS_PER_GROUP
+
+
+for _prefix, _source, _group in (
+        ("offline", offline.OFFLINE_SOURCE, offline_documents),
+        ("c4", text_files.LazySource(c4.c4_source), _streamed),
+        ("text_corpus", text_files.LazySource(text_files.text_corpus_source), _streamed),
+        ("sentence_corpus", text_files.LazySource(sentence_corpus_source), _streamed)):
     for _suffix, _wwm in (("", False), ("_wwm", True)):
         _register(f"bert_{_prefix}_pretraining{_suffix}", _source,
-                  [bp.pretraining_pairs(BERT_VOCABULARY, whole_word_masking=_wwm)],
-                  output_keys=("inputs", "targets"))
+                  [_pretraining(_group, _wwm)], output_keys=("inputs", "targets"))
+_register("bert_tfrecord_pretraining", text_files.LazySource(tfrecord_source),
+          [bp.from_reference_records], output_keys=("inputs", "targets"))
 
 # ------------------------------------------------------------------------------ GLUE
 GLUE_VERSION = "2.*.*"

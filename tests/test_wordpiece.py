@@ -1,8 +1,8 @@
-"""WordPiece vocabulary: a hand-checked sentence, and agreement with two independent
-references (tensorflow-text's BertTokenizer and transformers' Python BertTokenizer) on a
-vocabulary learned from local text with the build tool."""
+"""WordPiece vocabulary: the reference tokenizer's own docstring example ("unaffable", Google
+BERT tokenization.py `WordpieceTokenizer.tokenize`), the build tool, cased vocabularies and
+refused files. Agreement with Google BERT's FullTokenizer itself, id for id, is tested in
+test_reference_wordpiece.py."""
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -52,33 +52,13 @@ def test_hand_checked_sentence(tmp_path):
     assert vocab.encode_tf(tf.constant("the runs")).numpy().tolist() == [5, 9]
 
 
-def test_matches_tensorflow_text_bert_tokenizer(learned_vocab):
-    import tensorflow_text as tf_text
-
+def test_built_vocabulary_covers_its_corpus(learned_vocab):
+    """The build tool's vocab.txt loads, and covers the prose it was learned from (ids equal
+    to Google BERT's FullTokenizer are tested in test_reference_wordpiece.py)."""
     vocab = wordpiece.WordPieceVocabulary(str(learned_vocab))
-    lookup = tf.lookup.StaticVocabularyTable(
-        tf.lookup.TextFileInitializer(str(learned_vocab), tf.string,
-                                      tf.lookup.TextFileIndex.WHOLE_LINE, tf.int64,
-                                      tf.lookup.TextFileIndex.LINE_NUMBER), num_oov_buckets=1)
-    reference = tf_text.BertTokenizer(lookup, lower_case=True, unknown_token="[UNK]",
-                                      token_out_type=tf.int64)
-    for sentence in SENTENCES:
-        want = reference.tokenize(sentence).flat_values.numpy().tolist()
-        assert vocab.encode(sentence) == want, sentence
-
-
-def test_matches_transformers_bert_tokenizer(learned_vocab):
-    transformers = pytest.importorskip("transformers")
-    vocab = wordpiece.WordPieceVocabulary(str(learned_vocab))
-    reference = transformers.BertTokenizer(str(learned_vocab), do_lower_case=True)
-    for sentence in SENTENCES:
-        want = reference.convert_tokens_to_ids(reference.tokenize(sentence))
-        assert vocab.encode(sentence) == want, sentence
-    assert np.mean([vocab.unk_id not in vocab.encode(s) for s in SENTENCES[:2]]) == 1.0
-    # One known difference: transformers keeps a literal "[UNK]" in the text whole; BERT's
-    # original basic tokenizer (and tensorflow-text, and we) split it as punctuation + word.
-    pieces = vocab.pieces
-    assert [pieces[i] for i in vocab.encode("[UNK]")][:2] == ["[", "u"]
+    ids = [i for s in SENTENCES[:2] for i in vocab.encode(s)]
+    assert len(ids) > 20 and vocab.unk_id not in ids
+    assert all(0 <= i < vocab.vocab_size for i in ids)
 
 
 def test_cased_vocabulary_keeps_case(tmp_path):

@@ -3,10 +3,11 @@
     python -m t5x_like.data.wordpiece --input 'corpus/*.txt' --vocab_size 8000 --output vocab.txt
 
 The vocabulary reads a standard `vocab.txt` (one piece a line, continuation pieces prefixed
-with '##', the line number is the id) and tokenizes with tensorflow-text's FastBertTokenizer:
-BERT's basic tokenizer (optional lower-casing with accent stripping, splitting on whitespace,
-punctuation and CJK characters) followed by greedy longest-match-first WordPiece. [PAD],
-[UNK], [CLS], [SEP] and [MASK] ids come from the file.
+with '##', read as Google BERT's `load_vocab` reads it) and tokenizes exactly as Google BERT's
+`tokenization.FullTokenizer` (`BertTokenizer` below): BERT's basic tokenizer (optional
+lower-casing with accent stripping, splitting on whitespace, punctuation and CJK characters)
+followed by greedy longest-match-first WordPiece. [PAD], [UNK], [CLS], [SEP] and [MASK] ids
+come from the file.
 """
 
 from __future__ import annotations
@@ -23,8 +24,11 @@ SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
 def read_vocab(path: str) -> list[str]:
+    """The pieces of a vocab.txt, the list index being the id. As the reference's `load_vocab`
+    (Google BERT, tokenization.py) reads it: each line stripped of surrounding whitespace, and a
+    piece met again keeps its first id (later ids close up), so ids equal FullTokenizer's."""
     with tf.io.gfile.GFile(path) as f:
-        pieces = [line.rstrip("\n") for line in f]
+        pieces = list(dict.fromkeys(line.strip() for line in f))
     missing = [t for t in SPECIAL_TOKENS if t not in pieces]
     if missing:
         raise ValueError(f"{path} lacks BERT's special tokens {missing}; a WordPiece vocab.txt "
@@ -109,16 +113,11 @@ class WordPieceVocabulary(seqio.Vocabulary):
 
     # ----------------------------------------------------------------- tokenizing
     @property
-    def tokenizer(self):
-        """tensorflow-text's FastBertTokenizer, built on first use."""
+    def tokenizer(self) -> "BertTokenizer":
+        """BERT's tokenizer on this vocabulary (`BertTokenizer` below), built on first use."""
         key = (self.vocab_path, self.lower_case)
         if self._tokenizer_for is None or self._tokenizer_for[0] != key:
-            import tensorflow_text as tf_text
-
-            self._tokenizer_for = (key, tf_text.FastBertTokenizer(
-                self._pieces, suffix_indicator="##", unknown_token="[UNK]",
-                token_out_type=tf.int32, support_detokenization=True,
-                lower_case_nfd_strip_accents=self.lower_case))
+            self._tokenizer_for = (key, BertTokenizer(self._pieces, self.lower_case))
         return self._tokenizer_for[1]
 
     def _encode_tf(self, s: tf.Tensor) -> tf.Tensor:
@@ -129,8 +128,7 @@ class WordPieceVocabulary(seqio.Vocabulary):
         return self._encode_tf(tf.constant(s)).numpy().tolist()
 
     def _decode_tf(self, ids: tf.Tensor) -> tf.Tensor:
-        words = self.tokenizer.detokenize(tf.expand_dims(ids, 0))
-        return tf.strings.reduce_join(words, separator=" ")
+        return self.tokenizer.detokenize(tf.expand_dims(ids, 0))[0]
 
     def _decode(self, ids: Sequence[int]) -> str:
         ids = [int(i) for i in ids if int(i) != self.pad_id]
@@ -149,6 +147,85 @@ class WordPieceVocabulary(seqio.Vocabulary):
 
     def __hash__(self) -> int:
         return hash((self._vocab_path, self._lower_case))
+
+
+# ------------------------------------------------------------------ BERT's tokenizer
+# BERT's basic tokenizer (Devlin et al., 2018; Google BERT, tokenization.py `BasicTokenizer`),
+# each step a regular expression over the UTF-8 text, with the reference's character classes.
+# Dropped: NUL, U+FFFD and the categories Cc and Cf (`_is_control`), except tab, LF and CR.
+_DROPPED = r"[^\P{Cc}\t\n\r]|[\x{FFFD}\p{Cf}]"
+# Whitespace (`_is_whitespace`: tab, LF, CR, Zs); U+2028/U+2029 are not, but the reference's
+# `str.split()` splits words at them all the same.
+_WHITESPACE = r"[\t\n\r\p{Zs}\x{2028}\x{2029}]"
+# `_is_chinese_char`: the CJK Unified Ideographs blocks, each character a word of its own.
+_CJK = (r"([\x{4E00}-\x{9FFF}\x{3400}-\x{4DBF}\x{20000}-\x{2A6DF}\x{2A700}-\x{2B73F}"
+        r"\x{2B740}-\x{2B81F}\x{2B820}-\x{2CEAF}\x{F900}-\x{FAFF}\x{2F800}-\x{2FA1F}])")
+# `_is_punctuation`: every ASCII character that is not a letter, digit or space, and category P*.
+_PUNCTUATION = r"([!-/:-@\[-`{-~]|\p{P})"
+# The reference's WordpieceTokenizer gives [UNK] for a word of more than 200 characters.
+MAX_CHARS_PER_WORD = 200
+
+
+class BertTokenizer:
+    """Google BERT's `FullTokenizer` in TensorFlow ops, id for id: the basic tokenizer (clean the
+    text, split CJK characters off, lower-case then NFD and strip accents (category Mn) when
+    `lower_case`, split on whitespace and punctuation), then greedy longest-match-first
+    WordPiece (tensorflow-text's FastWordpieceTokenizer, which gives the same pieces in linear
+    time), [UNK] for a word it cannot cover or one of more than 200 characters.
+
+    tensorflow-text's own BERT normalizer (FastBertTokenizer, BertTokenizer) differs from the
+    reference's: it applies NFKC case folding (ß -> ss, ﬁ -> fi, full-width -> ASCII), turns
+    control characters into spaces where the reference drops them (a\x00b is one word there)
+    and limits a word to 100 bytes, so it is only used for the WordPiece step. Lower-casing is
+    ICU's full mapping (as Python's `str.lower`, final sigma included); both sides read Unicode
+    tables of their own version, so characters assigned after Python's `unicodedata` version may
+    still differ."""
+
+    def __init__(self, pieces: Sequence[str], lower_case: bool = True,
+                 unknown_token: str = "[UNK]",
+                 max_chars_per_word: int = MAX_CHARS_PER_WORD) -> None:
+        import tensorflow_text as tf_text
+
+        self.lower_case = lower_case
+        self.unknown_token = unknown_token
+        self.max_chars_per_word = max_chars_per_word
+        # A word never holds a space, so " " stands in for an empty line, which never matches.
+        self._wordpiece = tf_text.FastWordpieceTokenizer(
+            [p or " " for p in pieces], suffix_indicator="##",
+            max_bytes_per_word=4 * max_chars_per_word, token_out_type=tf.int32,
+            unknown_token=unknown_token, no_pretokenization=True, support_detokenization=True)
+
+    def basic_tokenize(self, text: tf.Tensor) -> tf.RaggedTensor:
+        """Words of each string, shape text.shape + [(words)]."""
+        import tensorflow_text as tf_text
+
+        # Undecodable bytes are ignored, as the reference's `convert_to_unicode` does.
+        text = tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="ignore")
+        text = tf.strings.regex_replace(text, _DROPPED, "")
+        text = tf.strings.regex_replace(text, _WHITESPACE, " ")
+        text = tf.strings.regex_replace(text, _CJK, r" \1 ")
+        if self.lower_case:
+            text = tf.strings.lower(text, encoding="utf-8")
+            text = tf.strings.regex_replace(tf_text.normalize_utf8(text, "NFD"), r"\p{Mn}", "")
+        text = tf.strings.regex_replace(text, _PUNCTUATION, r" \1 ")
+        return tf.strings.split(text)
+
+    def tokenize(self, text: tf.Tensor) -> tf.RaggedTensor:
+        """WordPiece ids of each string, shape text.shape + [(pieces)] (int32)."""
+        text = tf.convert_to_tensor(text, tf.string)
+        if text.shape.rank == 0:
+            return self.tokenize(tf.reshape(text, [1]))[0]
+        words = self.basic_tokenize(text)
+        too_long = tf.strings.length(words.flat_values, unit="UTF8_CHAR") > \
+            self.max_chars_per_word
+        words = words.with_flat_values(
+            tf.where(too_long, self.unknown_token, words.flat_values))
+        pieces = self._wordpiece.tokenize(words)  # (..., words, pieces)
+        return pieces.merge_dims(-2, -1)
+
+    def detokenize(self, ids: tf.Tensor | tf.RaggedTensor) -> tf.Tensor | tf.RaggedTensor:
+        """Each row of ids as text: pieces joined, '##' continuations to their word."""
+        return self._wordpiece.detokenize(ids)
 
 
 # ----------------------------------------------------------------------- building
