@@ -142,10 +142,12 @@ def evaluate_task(predict_fn: PredictFn, params: Any, task_name: str, split: str
 
 
 def evaluable_tasks(task_or_mixture: str, split: str = "validation") -> list[str]:
-    """The tasks (of a mixture) that have metrics and the split."""
+    """The tasks (of a mixture, rate-0 evaluation-only members included) that have metrics
+    and the split: the ones t5x's `seqio.Evaluator` scores (`seqio.get_subtasks`, then
+    `seqio.evaluation.get_valid_eval_tasks`)."""
     provider = input_pipeline.resolve_task(task_or_mixture)
-    tasks = provider.tasks if isinstance(provider, seqio.Mixture) else [provider]
-    return [t.name for t in tasks if t.metric_fns and split in t.splits]
+    tasks = seqio.evaluation.get_valid_eval_tasks(seqio.get_subtasks(provider), split)
+    return [t.name for t in tasks]
 
 
 def write_jsonl(path: str, records: Iterable[Mapping[str, Any]]) -> None:

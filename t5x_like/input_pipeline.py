@@ -35,17 +35,34 @@ def resolve_task(name: str) -> seqio.Task | seqio.Mixture:
     return seqio.get_mixture_or_task(name)
 
 
-def _tasks_of(task_or_mixture: seqio.Task | seqio.Mixture) -> list[seqio.Task]:
-    if isinstance(task_or_mixture, seqio.Mixture):
-        return list(task_or_mixture.tasks)
-    return [task_or_mixture]
+def _tasks_of(task_or_mixture: seqio.Task | seqio.Mixture,
+              split: str | None = None) -> list[seqio.Task]:
+    """The task, or the mixture's tasks; with `split`, only the members that have it, as
+    seqio's `Mixture.get_dataset` reads only those (the T5 library's GLUE and SuperGLUE
+    mixtures hold evaluation-only members without a `train` split, and DPR has no
+    `validation`). A member whose splits are unknown yet (its TFDS dataset is not prepared)
+    stays, so the check below says how to prepare it."""
+    if not isinstance(task_or_mixture, seqio.Mixture):
+        return [task_or_mixture]
+    return [t for t in task_or_mixture.tasks if split is None or _may_have(t, split)]
+
+
+def _may_have(task: seqio.Task, split: str) -> bool:
+    try:
+        return split in task.splits
+    except Exception:  # noqa: BLE001 - seqio raises when a TFDS dataset's splits are unknown
+        return True
 
 
 def check_data_available(task_or_mixture: seqio.Task | seqio.Mixture, split: str) -> None:
     """Fail now, with instructions, if a TFDS dataset the task reads is not prepared."""
     from tasks import text_files
 
-    for task in _tasks_of(task_or_mixture):
+    members = _tasks_of(task_or_mixture, split)
+    if not members:
+        raise ConfigError(f"No task of mixture {task_or_mixture.name!r} has a {split!r} "
+                          "split.")
+    for task in members:
         source = task.source
         source = getattr(source, "source", source)  # a LazySource decides now
         if isinstance(source, seqio.FileDataSource) and split not in source.splits:
@@ -176,9 +193,12 @@ def check_not_empty(first_batch, task_name: str, split: str,
 def steps_for_epochs(task_or_mixture: seqio.Task | seqio.Mixture, epochs: float,
                      batch_size: int) -> int:
     """Training steps for `epochs` passes over the train split (the reference's
-    int(num_examples / batch_size * epochs)), from the dataset's own example count."""
+    int(num_examples / batch_size * epochs)), from the dataset's own example count (of a
+    mixture's members that are trained on: a `train` split and a rate above 0)."""
     total = 0
-    for task in _tasks_of(task_or_mixture):
+    for task in _tasks_of(task_or_mixture, "train"):
+        if isinstance(task_or_mixture, seqio.Mixture) and not task_or_mixture.get_rate(task):
+            continue
         try:
             count = task.source.num_input_examples("train")
         except Exception as e:  # noqa: BLE001 - sources that cannot count say so differently

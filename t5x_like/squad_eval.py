@@ -5,7 +5,9 @@ against the threshold tau) and the answer text is scored with SQuAD's EM and F1.
 
 The answer text is the context's original whitespace words that the predicted pieces fall in
 (the reference additionally trims characters inside a word with `get_final_text`; SQuAD's
-normalisation drops the punctuation that usually makes the difference).
+normalisation drops the punctuation that usually makes the difference). v1.1 is scored by
+`metrics.squad` (the official v1.1 script, as the T5 library computes it), v2.0 by
+`metrics.squad_v2` (the official v2.0 script: unanswerable questions, empty answers).
 """
 
 from __future__ import annotations
@@ -97,8 +99,9 @@ def evaluate_task(model: Any, params: Any, task_name: str, split: str,
     if not task_name.endswith("v200"):
         return metrics.squad(gold, [text for text, _ in answers])
     predictions = ["" if diff > null_threshold else text for text, diff in answers]
-    scores = metrics.squad(gold, predictions)
-    span_f1 = [metrics.squad([g], [text])["f1"] / 100.0 for g, (text, _) in zip(gold, answers)]
+    scores = metrics.squad_v2(gold, predictions)
+    span_f1 = [metrics.squad_v2([g], [text])["f1"] / 100.0
+               for g, (text, _) in zip(gold, answers)]
     tau, best_f1 = squad_spans.best_null_threshold([d for _, d in answers],
                                                    [bool(g) for g in gold], span_f1)
     return {**scores, "best_f1": best_f1, "best_f1_threshold": tau}

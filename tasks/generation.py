@@ -4,6 +4,8 @@
   cnn_dailymail_v002      "summarize: ..." -> highlights; ROUGE-1/2/Lsum (T5 reported ROUGE-2-F)
   wmt_t2t_ende_v003       "translate English to German: ..."; SacreBLEU (newstest2013 val)
   wmt14_enfr_v003         "translate English to French: ..."; (newstest2014)
+  wmt15_enfr_v003         the same on WMT 2015's training data, the paper's En-Fr task (the T5
+                          library's mixtures use this one)
   wmt16_enro_v003         "translate English to Romanian: ..."
 
 TFDS versions: T5 used cnn_dailymail 3.1.0 (TFDS 4.9 builds 3.4.0); `3.*.*` reads either.
@@ -37,6 +39,7 @@ _register("cnn_dailymail_v002", "cnn_dailymail:3.*.*", text_to_text.summarize,
 WMT = {
     "wmt_t2t_ende_v003": ("wmt_t2t_translate/de-en:1.0.0", "de"),
     "wmt14_enfr_v003": ("wmt14_translate/fr-en:1.0.0", "fr"),
+    "wmt15_enfr_v003": ("wmt15_translate/fr-en:1.0.0", "fr"),
     "wmt16_enro_v003": ("wmt16_translate/ro-en:1.0.0", "ro"),
 }
 for _name, (_tfds, _target) in WMT.items():

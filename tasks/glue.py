@@ -4,8 +4,13 @@ postprocessors and metrics (T5 paper section 2.3 and appendix D).
   glue_{cola,sst2,mrpc,qqp,stsb,mnli,qnli,rte,wnli}_v002, glue_mnli_{matched,mismatched}_v002,
   glue_ax_v002 (diagnostic, test only, read with the MNLI format)
   super_glue_{boolq,cb,copa,multirc,record,rte,wic}_v102,
+  super_glue_{axb,axg}_v102 (diagnostics, test only, read with the RTE format),
   super_glue_wsc_v102_simple_train (True examples only), super_glue_wsc_v102_simple_eval,
   dpr_v001_simple
+
+Each is registered as t5.data.tasks registers the task of the same name (the same text
+preprocessor and arguments; tests/test_reference_formats.py runs both on the same examples);
+the diagnostics have no metrics there (their test labels are hidden), nor here.
 
 WNLI is registered for evaluation only and is in no training mixture (the paper never trains
 or reports on it). All use T5's C4 vocabulary (tasks/c4.py).
@@ -36,7 +41,6 @@ GLUE: dict[str, tuple[Sequence[str] | None, list[Callable]]] = {
     "rte": (("entailment", "not_entailment"), [metrics.accuracy]),
     "wnli": (("not_entailment", "entailment"), [metrics.accuracy]),
 }
-GLUE_TRAIN = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte")
 
 SUPER_GLUE: dict[str, tuple[Sequence[str], list[Callable]]] = {
     "boolq": (("False", "True"), [metrics.accuracy]),
@@ -46,8 +50,12 @@ SUPER_GLUE: dict[str, tuple[Sequence[str], list[Callable]]] = {
     "rte": (("entailment", "not_entailment"), [metrics.accuracy]),
     "wic": (("False", "True"), [metrics.accuracy]),
 }
+# Field order where it is not alphabetical (t5.data.glue_utils.get_glue_text_preprocessor);
 # WiC's character offsets are not text.
-FEATURE_NAMES = {"wic": ("sentence1", "sentence2", "word")}
+FEATURE_NAMES = {"multirc": ("question", "answer", "paragraph"),
+                 "wic": ("sentence1", "sentence2", "word")}
+# AX-b's sentence pairs are read as RTE's premise and hypothesis (t5.data.tasks).
+AXB_REKEY = {"premise": "sentence1", "hypothesis": "sentence2", "label": "label", "idx": "idx"}
 
 
 def _features() -> Mapping[str, seqio.Feature]:
@@ -70,13 +78,17 @@ def _classification_postprocessor(label_names: Sequence[str] | None, benchmark: 
 
 def register_glue_like(name: str, tfds_name: str, benchmark: str,
                        label_names: Sequence[str] | None, metric_fns: list[Callable],
-                       splits: Sequence[str] | Mapping[str, str] | None = None) -> seqio.Task:
+                       splits: Sequence[str] | Mapping[str, str] | None = None,
+                       key_map: Mapping[str, str] | None = None) -> seqio.Task:
+    """A GLUE-format task; `key_map` (new name -> TFDS name) renames features first."""
+    rekey = [functools.partial(seqio.preprocessors.rekey, key_map=dict(key_map))] if key_map else []
     return seqio.TaskRegistry.add(
         name,
         source=seqio.TfdsDataSource(tfds_name=tfds_name, splits=splits),
-        preprocessors=[functools.partial(text_to_text.glue, benchmark_name=benchmark,
-                                         label_names=label_names,
-                                         feature_names=FEATURE_NAMES.get(benchmark))] + _tail(),
+        preprocessors=rekey + [functools.partial(text_to_text.glue, benchmark_name=benchmark,
+                                                 label_names=label_names,
+                                                 feature_names=FEATURE_NAMES.get(benchmark))]
+        + _tail(),
         output_features=_features(),
         postprocess_fn=_classification_postprocessor(label_names, benchmark),
         metric_fns=metric_fns)
@@ -91,13 +103,17 @@ for _which in ("matched", "mismatched"):
     register_glue_like(f"glue_mnli_{_which}_v002", f"glue/mnli:{GLUE_VERSION}", "mnli",
                        GLUE["mnli"][0], [metrics.accuracy],
                        splits={"validation": f"validation_{_which}", "test": f"test_{_which}"})
-register_glue_like("glue_ax_v002", f"glue/ax:{GLUE_VERSION}", "mnli", GLUE["mnli"][0],
-                   [metrics.accuracy], splits={"test": "test"})
+register_glue_like("glue_ax_v002", f"glue/ax:{GLUE_VERSION}", "mnli", GLUE["mnli"][0], [],
+                   splits={"test": "test"})
 
 # ------------------------------------------------------------------------------ SuperGLUE
 for _b, (_labels, _metrics) in SUPER_GLUE.items():
     register_glue_like(f"super_glue_{_b}_v102", f"super_glue/{_b}:{SUPER_GLUE_VERSION}", _b,
                        _labels, _metrics)
+register_glue_like("super_glue_axb_v102", f"super_glue/axb:{SUPER_GLUE_VERSION}", "rte",
+                   SUPER_GLUE["rte"][0], [], splits=("test",), key_map=AXB_REKEY)
+register_glue_like("super_glue_axg_v102", f"super_glue/axg:{SUPER_GLUE_VERSION}", "rte",
+                   SUPER_GLUE["rte"][0], [], splits=("test",))
 
 seqio.TaskRegistry.add(
     "super_glue_record_v102",
@@ -111,9 +127,9 @@ _WSC = f"super_glue/wsc.fixed:{SUPER_GLUE_VERSION}"
 seqio.TaskRegistry.add(
     "super_glue_wsc_v102_simple_train",
     source=seqio.TfdsDataSource(tfds_name=_WSC, splits=("train",)),
-    preprocessors=[text_to_text.wsc_simple, text_to_text.keep_true_examples] + _tail(),
+    preprocessors=[text_to_text.keep_true_examples, text_to_text.wsc_simple] + _tail(),
     output_features=_features(),
-    postprocess_fn=postprocessors.wsc_simple, metric_fns=[metrics.accuracy])
+    postprocess_fn=postprocessors.wsc_simple, metric_fns=[])  # training only, as in t5
 seqio.TaskRegistry.add(
     "super_glue_wsc_v102_simple_eval",
     source=seqio.TfdsDataSource(tfds_name=_WSC, splits=("validation", "test")),

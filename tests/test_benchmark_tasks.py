@@ -1,6 +1,7 @@
 """Every benchmark task of the T5 paper builds from a tiny real TFDS dataset (the registered
-builder with only its download replaced) and yields the paper's text-to-text format, in the t5
-library's field order; golden strings per family."""
+builder with only its download replaced) and yields, through TFDS, seqio and tokenization, the
+text-to-text strings the T5 library's task of the same name writes for the same examples
+(reference: t5==0.9.4's registered tasks, run in tests/oracles/t5_formats.py)."""
 
 import pytest
 import seqio
@@ -91,74 +92,56 @@ DATASETS = {
     "wmt16_translate/ro-en": {"train": [{"en": "That is good.", "ro": "Este bine."}]},
 }
 
-# task, split -> [(inputs, targets)]
-GOLDEN = {
-    ("glue_cola_v002", "train"): [("cola sentence: Our friends won't buy this analysis, let "
-                                   "alone the next one we propose.", "acceptable")],
-    ("glue_cola_v002", "validation"): [("cola sentence: They drank the pub.", "unacceptable")],
-    ("glue_sst2_v002", "train"): [("sst2 sentence: it 's a charming and often affecting "
-                                   "journey . ", "positive")],
-    ("glue_mrpc_v002", "train"): [("mrpc sentence1: He said the food was good. sentence2: The "
-                                   "food was good, he said.", "equivalent")],
-    ("glue_qqp_v002", "train"): [("qqp question1: How do I learn Python? question2: What is "
-                                  "the best way to learn Python?", "duplicate")],
-    ("glue_stsb_v002", "train"): [("stsb sentence1: A man is playing a flute. sentence2: A man "
-                                   "is playing a bamboo flute.", "2.6")],
-    ("glue_mnli_v002", "train"): [("mnli hypothesis: My feelings towards pigeons are filled "
-                                   "with animosity. premise: I hate pigeons.", "entailment")],
-    ("glue_mnli_mismatched_v002", "validation"): [(
-        "mnli hypothesis: My feelings towards pigeons are filled with animosity. premise: I "
-        "hate pigeons.", "contradiction")],
-    ("glue_qnli_v002", "train"): [("qnli question: Where did the storm hit? sentence: The "
-                                   "storm hit the coast.", "entailment")],
-    ("glue_rte_v002", "train"): [("rte sentence1: The cat sat on the mat. sentence2: A cat "
-                                  "sat.", "entailment")],
-    ("glue_wnli_v002", "validation"): [(
-        "wnli sentence1: The trophy doesn't fit in the suitcase because it is too big. "
-        "sentence2: The trophy is too big.", "entailment")],
-    ("glue_ax_v002", "test"): [("mnli hypothesis: My feelings towards pigeons are filled with "
-                                "animosity. premise: I hate pigeons.", "<unk>")],
-    ("super_glue_boolq_v102", "train"): [("boolq passage: The sky is blue on clear days. "
-                                          "question: is the sky blue", "True")],
-    ("super_glue_cb_v102", "train"): [("cb hypothesis: It was dry. premise: It was raining.",
-                                       "contradiction")],
-    ("super_glue_copa_v102", "train"): [(
-        "copa choice1: He got a hole in his sock. choice2: He dropped a hammer on his foot. "
-        "premise: The man broke his toe. question: cause", "choice2")],
-    ("super_glue_multirc_v102", "train"): [(
-        "multirc answer: The fox paragraph: Sent 1: The fox ran. Sent 2: It hid. question: "
-        "What ran?", "True")],
-    ("super_glue_record_v102", "train"): [(
-        "record query: The crews of @placeholder were thanked. entities: Porto, Monday "
-        "passage: The harbour reopened on Monday after the storm. Boats returned to Porto. The "
-        "mayor thanked the crews", answer) for answer in ("Porto", "Porto harbour")],
-    ("super_glue_rte_v102", "train"): [("rte hypothesis: A cat sat. premise: The cat sat on "
-                                        "the mat.", "entailment")],
-    ("super_glue_wic_v102", "train"): [("wic sentence1: He went to the bank to fish. "
-                                        "sentence2: The bank approved the loan. word: bank",
-                                        "False")],
+# task, split -> the TFDS dataset and split it reads
+READS = {
+    ("glue_cola_v002", "train"): ("glue/cola", "train"),
+    ("glue_cola_v002", "validation"): ("glue/cola", "validation"),
+    ("glue_sst2_v002", "train"): ("glue/sst2", "train"),
+    ("glue_mrpc_v002", "train"): ("glue/mrpc", "train"),
+    ("glue_qqp_v002", "train"): ("glue/qqp", "train"),
+    ("glue_stsb_v002", "train"): ("glue/stsb", "train"),
+    ("glue_mnli_v002", "train"): ("glue/mnli", "train"),
+    ("glue_mnli_mismatched_v002", "validation"): ("glue/mnli", "validation_mismatched"),
+    ("glue_qnli_v002", "train"): ("glue/qnli", "train"),
+    ("glue_rte_v002", "train"): ("glue/rte", "train"),
+    ("glue_wnli_v002", "validation"): ("glue/wnli", "validation"),
+    ("glue_ax_v002", "test"): ("glue/ax", "test"),
+    ("super_glue_boolq_v102", "train"): ("super_glue/boolq", "train"),
+    ("super_glue_cb_v102", "train"): ("super_glue/cb", "train"),
+    ("super_glue_copa_v102", "train"): ("super_glue/copa", "train"),
+    ("super_glue_multirc_v102", "train"): ("super_glue/multirc", "train"),
+    ("super_glue_record_v102", "train"): ("super_glue/record", "train"),
+    ("super_glue_rte_v102", "train"): ("super_glue/rte", "train"),
+    ("super_glue_wic_v102", "train"): ("super_glue/wic", "train"),
     # WSC trains on True examples only; evaluation sees every candidate.
-    ("super_glue_wsc_v102_simple_train", "train"): [(
-        "wsc: Mark told Pete many lies about himself, which Pete included in his book. * He * "
-        "should have been more truthful.", "Mark")],
-    ("super_glue_wsc_v102_simple_eval", "validation"): [(
-        "wsc: Mark told Pete many lies about himself, which Pete included in his book. * He * "
-        "should have been more truthful.", "Pete")],
-    ("dpr_v001_simple", "train"): [("wsc: The bee landed on the flower because *it* had "
-                                    "pollen.", "the flower")],
-    ("squad_v010_allanswers", "validation"): [(
-        "question: Which NFL team won Super Bowl 50 ? context: Super Bowl 50 was an American "
-        "football game . The Denver Broncos defeated the Carolina Panthers .",
-        "Denver Broncos")],
-    ("cnn_dailymail_v002", "train"): [("summarize: The harbour reopened on Monday.",
-                                       "Harbour reopens .\nCrews thanked .")],
-    ("wmt_t2t_ende_v003", "train"): [("translate English to German: That is good.",
-                                      "Das ist gut.")],
-    ("wmt14_enfr_v003", "train"): [("translate English to French: That is good.",
-                                    "C'est bon.")],
-    ("wmt16_enro_v003", "train"): [("translate English to Romanian: That is good.",
-                                    "Este bine.")],
+    ("super_glue_wsc_v102_simple_train", "train"): ("super_glue/wsc.fixed", "train"),
+    ("super_glue_wsc_v102_simple_eval", "validation"): ("super_glue/wsc.fixed", "validation"),
+    ("dpr_v001_simple", "train"): ("definite_pronoun_resolution", "train"),
+    ("squad_v010_allanswers", "validation"): ("squad/v1.1", "validation"),
+    ("cnn_dailymail_v002", "train"): ("cnn_dailymail", "train"),
+    ("wmt_t2t_ende_v003", "train"): ("wmt_t2t_translate/de-en", "train"),
+    ("wmt14_enfr_v003", "train"): ("wmt14_translate/fr-en", "train"),
+    ("wmt16_enro_v003", "train"): ("wmt16_translate/ro-en", "train"),
 }
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """(inputs, targets) the T5 library's task writes for each (task, split)'s examples."""
+    import tensorflow_datasets as tfds
+
+    from t5x_like import offline_corpus
+    from tests.oracle import run_oracle
+    from tests.oracles import t5_formats
+
+    cases = [{"id": f"{task}:{split}", "task": task, "examples": DATASETS[name][tfds_split],
+              "spec": t5_formats.spec_to_json(
+                  tfds.builder(name).info.features.get_tensor_spec())}
+             for (task, split), (name, tfds_split) in READS.items()]
+    out = run_oracle("t5_formats", {"spm_path": offline_corpus.vocabulary_path(),
+                                    "cases": cases})["outputs"]
+    return {key: [(o["inputs"], o["targets"]) for o in out[f"{key[0]}:{key[1]}"]]
+            for key in READS}
 
 
 @pytest.fixture(scope="module")
@@ -167,20 +150,20 @@ def data_dir(tmp_path_factory):
     for name, splits in DATASETS.items():
         build_tiny(name, splits, str(path))
     build_tiny("cnn_dailymail", DATASETS["cnn_dailymail"], str(path), version="3.1.0")
-    for task, _ in GOLDEN:
+    for task, _ in READS:
         seqio.get_mixture_or_task(task).source.tfds_dataset.override_data_dir(str(path))
     return path
 
 
-@pytest.mark.parametrize("task_name,split", list(GOLDEN))
-def test_golden_text_to_text_examples(data_dir, task_name, split):
+@pytest.mark.parametrize("task_name,split", list(READS))
+def test_text_to_text_examples_equal_the_reference(data_dir, reference, task_name, split):
     task = seqio.get_mixture_or_task(task_name)
     input_pipeline.check_data_available(task, split)
-    variant = with_offline_vocabulary(task_name, f"golden_{task_name}")
+    variant = with_offline_vocabulary(task_name, f"tfds_{task_name}")
     ds = variant.get_dataset({"inputs": 256, "targets": 64}, split=split, shuffle=False)
     got = [(ex["inputs_pretokenized"].decode(), ex["targets_pretokenized"].decode())
            for ex in ds.as_numpy_iterator()]
-    assert sorted(got) == sorted(GOLDEN[(task_name, split)])
+    assert sorted(got) == sorted(reference[(task_name, split)])
     for ex in ds.as_numpy_iterator():  # tokenized, with EOS
         assert ex["inputs"][-1] == 1 and ex["targets"][-1] == 1
 
@@ -241,7 +224,7 @@ def test_postprocessors_and_metrics_through_the_task(data_dir):
     got = score("squad_v010_allanswers", "validation", ["Denver"])
     assert got["em"] == 0.0 and got["f1"] == pytest.approx(100 * 2 * 1 * 0.5 / 1.5)
     got = score("super_glue_multirc_v102", "train", ["True"])
-    assert got == {"f1a": 100.0, "exact_match": 100.0}
+    assert got == {"f1": 100.0, "exact_match": 100.0}  # t5's multirc_f1_over_all_answers
     assert score("wmt_t2t_ende_v003", "train", ["Das ist gut."])["bleu"] == pytest.approx(100.0)
 
 
