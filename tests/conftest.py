@@ -68,7 +68,12 @@ def _tfds_loaders() -> set:
     are asked: some tasks' sources resolve their gin bindings on first attribute access."""
     import seqio
 
-    sources = (seqio.TaskRegistry.get(name).source for name in seqio.TaskRegistry.names())
+    import sys
+
+    sources = [seqio.TaskRegistry.get(name).source for name in seqio.TaskRegistry.names()]
+    c4 = sys.modules.get("tasks.c4")  # C4's TFDS source stands behind a lazy source
+    if c4 is not None:
+        sources.append(c4.C4_TFDS_SOURCE)
     return {source.tfds_dataset for source in sources
             if isinstance(source, seqio.TfdsDataSource)}
 

@@ -33,7 +33,7 @@ from tests.oracle import run_oracle
 
 GLUE_CLASSIFICATION = ["cola", "sst2", "mrpc", "qqp", "mnli", "qnli", "rte", "wnli"]
 SUPER_GLUE_CLASSIFICATION = ["boolq", "cb", "copa", "rte", "wic"]
-WMT_TASKS = ["wmt_t2t_ende_v003", "wmt14_enfr_v003", "wmt16_enro_v003"]
+WMT_TASKS = ["wmt_t2t_ende_v003", "wmt14_enfr_v003", "wmt15_enfr_v003", "wmt16_enro_v003"]
 
 # Outputs that are not labels, whatever the task.
 NON_LABELS = ["", " ", "garbage", "True False", "n/a", "entailment.", "équivalent", "\u00a0",
