@@ -50,6 +50,22 @@ def run_oracle(script: str, payload: Any, timeout: float = 600) -> Any:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def jsonable(value: Any) -> Any:
+    """Tuples as lists, NumPy scalars as Python numbers, bytes as text: what JSON can carry
+    between the tests and an oracle."""
+    import numpy as np
+
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
 def oracle_main(compute: Callable[[Any], Any]) -> None:
     """The body of an oracle script: payload from stdin, result as the last stdout line."""
     import socket

@@ -29,7 +29,7 @@ import seqio
 import tasks  # noqa: F401  (registers our tasks)
 from t5x_like import metrics
 from tasks import glue
-from tests.oracle import run_oracle
+from tests.oracle import jsonable, run_oracle
 
 GLUE_CLASSIFICATION = ["cola", "sst2", "mrpc", "qqp", "mnli", "qnli", "rte", "wnli"]
 SUPER_GLUE_CLASSIFICATION = ["boolq", "cb", "copa", "rte", "wic"]
@@ -358,18 +358,6 @@ def _our_example(task: str, raw: dict) -> dict:
     return out
 
 
-def _jsonable(value):
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, bytes):
-        return value.decode()
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
 def _as_partition(targets: list) -> list:
     """A grouped target's "group" replaced by the index of its group's first example: the
     metric depends on which examples share a group, not on how the group is spelled."""
@@ -398,7 +386,7 @@ def _ours_task(case: dict) -> dict:
     except Exception as error:
         return {"error": type(error).__name__}
     return {"metrics": {k: float(v) for k, v in scores.items()},
-            "targets": _jsonable(targets), "predictions": _jsonable(predictions)}
+            "targets": jsonable(targets), "predictions": jsonable(predictions)}
 
 
 def _ours_metric(case: dict) -> dict:

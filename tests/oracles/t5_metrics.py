@@ -17,22 +17,7 @@ from __future__ import annotations
 
 import os
 
-from tests.oracle import oracle_main
-
-
-def _jsonable(value):
-    """Tuples as lists, NumPy scalars as Python numbers, bytes as text."""
-    import numpy as np
-
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, bytes):
-        return value.decode("utf-8")
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
+from tests.oracle import jsonable, oracle_main
 
 
 def _example(raw, bytes_keys):
@@ -57,7 +42,7 @@ def _task_case(case):
     for metric_fn in task.metric_fns:
         scores.update(metric_fn(targets, predictions))
     return {"metrics": {k: float(v) for k, v in scores.items()},
-            "targets": _jsonable(targets), "predictions": _jsonable(predictions)}
+            "targets": jsonable(targets), "predictions": jsonable(predictions)}
 
 
 def _metric_case(case):
