@@ -35,6 +35,7 @@ import os
 from typing import Callable, Mapping, Sequence
 
 import gin
+import numpy as np
 import seqio
 import tensorflow as tf
 
@@ -79,30 +80,50 @@ def _register(name: str, source: seqio.DataSource, preprocessors: Sequence[Calla
 
 # ------------------------------------------------------------------------------ pretraining
 @gin.configurable
-def bert_pretraining_options(documents_per_group: int | None = None,
+def bert_pretraining_options(documents_per_group: int | str | None = None,
                              dupe_factor: int | None = None,
                              random_seed: int = bp.REFERENCE_RANDOM_SEED,
                              skip_single_sentence_chunks: bool = False) -> dict:
     """Options of every bert_*_pretraining task's pairs (`bert_preprocessors.pretraining_pairs`),
     read when a dataset is built. `documents_per_group` (where a NotNext B may come from):
-    None is the task's default, the whole corpus for the offline one and
-    `bert_preprocessors.DOCUMENTS_PER_GROUP` for streamed corpora; for a corpus of fewer
-    documents, its number of documents (seqio repeats the source before the pairs are made,
-    so a larger group would hold several copies of the corpus). `dupe_factor`: None masks
-    afresh each epoch; 10 is the reference's static masking."""
+    None is the task's default: the whole corpus for the offline corpus and for files in the
+    reference's format (bert_sentence_corpus_*), as create_pretraining_data.py draws from every
+    document of its input; `bert_preprocessors.DOCUMENTS_PER_GROUP` for C4 and text corpora,
+    which may not fit in memory. 'all' makes any task's group its whole training corpus
+    (counted once when the dataset is built; held in memory while its pairs are made); a
+    number, that many documents (for a corpus of fewer, its number of documents: seqio repeats
+    the source before the pairs are made, so a larger group would hold several copies of the
+    corpus). `dupe_factor`: None masks afresh each epoch; 10 is the reference's static
+    masking."""
     return {"documents_per_group": documents_per_group, "dupe_factor": dupe_factor,
             "random_seed": random_seed,
             "skip_single_sentence_chunks": skip_single_sentence_chunks}
 
 
-def _pretraining(default_group: Callable[[], int], whole_word: bool) -> Callable:
+def _pretraining(source: seqio.DataSource, default_group: Callable[[], int | str],
+                 whole_word: bool) -> Callable:
     def pretraining_pairs(ds: tf.data.Dataset, sequence_length: Mapping[str, int]):
         options = bert_pretraining_options()
         group = options.pop("documents_per_group") or default_group()
+        if group == "all":
+            group = corpus_documents(source)
+        if not isinstance(group, int) or group < 1:
+            raise ConfigError(f"bert_pretraining_options.documents_per_group={group!r}: give "
+                              "a number of documents, or 'all' for the whole corpus.")
         return bp.pretraining_pairs(BERT_VOCABULARY, group, whole_word_masking=whole_word,
                                     **options)(ds, sequence_length)
 
     return pretraining_pairs
+
+
+def corpus_documents(source: seqio.DataSource) -> int:
+    """The training split's number of documents: the source's own count where it keeps one
+    (TFDS), else counted by reading the split once."""
+    count = source.num_input_examples("train")
+    if count:
+        return int(count)
+    ds = source.get_dataset("train", shuffle=False)
+    return int(ds.reduce(np.int64(0), lambda n, _: n + 1))
 
 
 def offline_documents() -> int:
@@ -199,14 +220,18 @@ def _streamed() -> int:
     return bp.DOCUMENTS_PER_GROUP
 
 
+def _whole_corpus() -> str:
+    return "all"
+
+
 for _prefix, _source, _group in (
         ("offline", offline.OFFLINE_SOURCE, offline_documents),
         ("c4", text_files.LazySource(c4.c4_source), _streamed),
         ("text_corpus", text_files.LazySource(text_files.text_corpus_source), _streamed),
-        ("sentence_corpus", text_files.LazySource(sentence_corpus_source), _streamed)):
+        ("sentence_corpus", text_files.LazySource(sentence_corpus_source), _whole_corpus)):
     for _suffix, _wwm in (("", False), ("_wwm", True)):
         _register(f"bert_{_prefix}_pretraining{_suffix}", _source,
-                  [_pretraining(_group, _wwm)], output_keys=("inputs", "targets"))
+                  [_pretraining(_source, _group, _wwm)], output_keys=("inputs", "targets"))
 _register("bert_tfrecord_pretraining", text_files.LazySource(tfrecord_source),
           [bp.from_reference_records], output_keys=("inputs", "targets"))
 
@@ -240,7 +265,8 @@ for _which in ("matched", "mismatched"):
 # ------------------------------------------------------------------------------ SQuAD, SWAG, NER
 for _version, _tfds in (("v110", "squad/v1.1:3.*.*"), ("v200", "squad/v2.0:3.*.*")):
     _register(f"bert_squad_{_version}", seqio.TfdsDataSource(_tfds),
-              [bp.frame_squad(BERT_VOCABULARY)], [metrics.squad])
+              [bp.frame_squad(BERT_VOCABULARY)],
+              [metrics.squad if _version == "v110" else metrics.squad_v2])
 
 _register("bert_hellaswag", seqio.TfdsDataSource("hellaswag:1.*.*"),
           [bp.frame_choices(BERT_VOCABULARY, "context", "endings")], [metrics.accuracy], 4,

@@ -309,3 +309,30 @@ def test_large_sample_statistics(tmp_path):
                                         _single(documents)), theirs)
     _assert_same_statistics(_statistics(_ours(corpus, vocab_path, dupe_factor=10), vocab,
                                         _single(documents)), theirs)
+
+
+def test_a_reference_format_corpus_draws_b_from_all_of_it(reference, monkeypatch):
+    """create_pretraining_data.py draws a random B from every document of its input: the
+    bert_sentence_corpus tasks make their group the whole corpus (counted once), and 'all' does
+    the same for any task; a group that is no number is refused by name."""
+    import gin
+    from tasks import bert
+
+    result, corpus, vocab_path, documents = reference
+    source = bert.sentence_corpus_source(train_files=corpus)
+    assert bert.corpus_documents(source) == len(documents)
+    groups = []
+    real = bp.pretraining_pairs
+    monkeypatch.setattr(bp, "pretraining_pairs",
+                        lambda vocab, group, **kw: groups.append(group) or real(vocab, group, **kw))
+    gin.bind_parameter("bert_vocab_path.path", vocab_path)
+    gin.bind_parameter("bert_sentence_corpus.train_files", corpus)
+    lengths = {"inputs": LENGTH, "targets": PREDICTIONS}
+    task = seqio.get_mixture_or_task("bert_sentence_corpus_pretraining")
+    task.get_dataset(lengths, split="train", shuffle=False, num_epochs=1, seed=0)
+    gin.bind_parameter("bert_pretraining_options.documents_per_group", 7)
+    task.get_dataset(lengths, split="train", shuffle=False, num_epochs=1, seed=0)
+    assert groups == [len(documents), 7]
+    gin.bind_parameter("bert_pretraining_options.documents_per_group", "some")
+    with pytest.raises(Exception, match="documents_per_group='some'"):
+        task.get_dataset(lengths, split="train", shuffle=False, num_epochs=1, seed=0)
