@@ -146,7 +146,14 @@ def evaluable_tasks(task_or_mixture: str, split: str = "validation") -> list[str
     and the split: the ones t5x's `seqio.Evaluator` scores (`seqio.get_subtasks`, then
     `seqio.evaluation.get_valid_eval_tasks`)."""
     provider = input_pipeline.resolve_task(task_or_mixture)
-    tasks = seqio.evaluation.get_valid_eval_tasks(seqio.get_subtasks(provider), split)
+    scored = [t for t in seqio.get_subtasks(provider) if t.metric_fns]  # (never C4)
+    for task in scored:
+        try:
+            task.splits  # noqa: B018 - an unprepared TFDS dataset has none
+        except ValueError:
+            input_pipeline.check_data_available(task, split)  # says how to prepare it
+            raise
+    tasks = seqio.evaluation.get_valid_eval_tasks(scored, split)
     return [t.name for t in tasks]
 
 

@@ -71,8 +71,9 @@ def _classification_postprocessor(label_names: Sequence[str] | None, benchmark: 
     if label_names is None:
         return postprocessors.string_to_float
     if benchmark == "multirc":
+        # t5's `multirc` groups answers by idx/question alone.
         return functools.partial(postprocessors.grouped_class_id, label_classes=label_names,
-                                 group_keys=("idx_paragraph", "idx_question"))
+                                 group_keys=("idx_question",))
     return functools.partial(postprocessors.string_label_to_class_id, label_classes=label_names)
 
 

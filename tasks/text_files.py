@@ -18,6 +18,7 @@ the run's config, through `LazySource`:
 from __future__ import annotations
 
 import gzip
+import json
 import os
 from typing import Callable, Mapping, Sequence
 
@@ -83,60 +84,78 @@ _JSON_SCALAR = rf'(?:{_JSON_STRING}|-?[0-9][0-9.eE+-]*|true|false|null)'
 _HEX_DIGITS = "0123456789abcdef"
 
 
-def _json_field_pattern(key: str) -> str:
-    """A JSON object whose top-level `key` holds a string, captured (escapes kept). Fields
-    before it must be flat (strings, numbers, literals), as in C4's and most corpora's lines;
-    a nested value before the key reads as a line without it."""
-    escaped = "".join(c if c.isalnum() or c == "_" else "\\" + c for c in key)
-    return (rf'^\s*\{{(?:\s*{_JSON_STRING}\s*:\s*{_JSON_SCALAR}\s*,)*?\s*"{escaped}"\s*:\s*'
-            rf'({_JSON_STRING}).*$')
+def _json_field_pattern(key: str, value: str) -> str:
+    """A JSON object whose top-level `key` holds a `value` (a regex), captured as written.
+    Fields before it must be flat (strings, numbers, literals), as in C4's and most corpora's
+    lines. The prefix is greedy, so of a key given twice the last is read, as json.loads
+    reads it."""
+    written = json.dumps(key, ensure_ascii=False)[1:-1]  # the key as a JSON file holds it
+    escaped = "".join("\\" + c if c.isascii() and not (c.isalnum() or c == "_") else c
+                      for c in written)
+    return (rf'^\s*\{{(?:\s*{_JSON_STRING}\s*:\s*{_JSON_SCALAR}\s*,)*\s*"{escaped}"\s*:\s*'
+            rf'({value})\s*[,}}].*$')
 
 
 def _hex_value(hex4: tf.Tensor) -> tf.Tensor:
     """'00e9' -> 233, for a vector of four-digit hex strings (TensorFlow parses no hex)."""
-    digits = tf.strings.unicode_decode(tf.strings.lower(hex4), "UTF-8").to_tensor()
+    digits = tf.strings.unicode_decode(tf.strings.lower(hex4), "UTF-8").to_tensor(
+        shape=[None, 4])
     table = tf.constant([ord(c) for c in _HEX_DIGITS], tf.int32)
     values = tf.argmax(tf.cast(tf.equal(digits[..., None], table), tf.int32), axis=-1,
                        output_type=tf.int32)
     return tf.reduce_sum(values * tf.constant([4096, 256, 16, 1]), axis=-1)
 
 
-def _unescape_unicode(text: tf.Tensor) -> tf.Tensor:
-    r"""Decode the \uXXXX escapes of a JSON string body, surrogate pairs included (a lone
-    surrogate becomes U+FFFD)."""
-    marked = tf.strings.regex_replace(text, r"\\u([0-9a-fA-F]{4})", "\x01\\1\x01")
+def _decode_unicode_escapes(body: tf.Tensor) -> tf.Tensor:
+    r"""Decode the \uXXXX escapes of a JSON string body whose escaped backslashes stand as
+    \x02 (no raw control character is valid JSON, so none collides), surrogate pairs
+    included (a lone surrogate becomes U+FFFD), and put the backslashes back."""
+    marked = tf.strings.regex_replace(body, r"\\u([0-9a-fA-F]{4})", "\x01\\1\x01")
     pieces = tf.strings.split(marked, "\x01")  # text, hex, text, hex, ..., text
-    literal, codes = pieces[0::2], _hex_value(pieces[1::2])
+    literal = tf.strings.regex_replace(pieces[0::2], "\x02", "\\\\")
+    codes = _hex_value(pieces[1::2])
     # A high surrogate with an empty literal after it and a low surrogate next: one code point.
     high = (codes >= 0xD800) & (codes < 0xDC00)
     next_codes = tf.concat([codes[1:], [0]], 0)
-    next_empty = tf.equal(literal[1:], "")
-    pair = high & (next_codes >= 0xDC00) & (next_codes < 0xE000) & next_empty
+    pair = (high & (next_codes >= 0xDC00) & (next_codes < 0xE000)
+            & tf.equal(literal[1:], ""))
     is_low_of_pair = tf.concat([[False], pair[:-1]], 0)
     combined = tf.where(pair, 0x10000 + (codes - 0xD800) * 1024 + (next_codes - 0xDC00), codes)
-    lone = (combined >= 0xD800) & (combined < 0xE000)
-    combined = tf.where(lone, 0xFFFD, combined)
-    decoded = tf.strings.unicode_encode(combined[:, None], "UTF-8")
-    decoded = tf.where(is_low_of_pair, "", decoded)
+    combined = tf.where((combined >= 0xD800) & (combined < 0xE000), 0xFFFD, combined)
+    decoded = tf.where(is_low_of_pair, "", tf.strings.unicode_encode(combined[:, None], "UTF-8"))
     return tf.strings.reduce_join(
         tf.stack([literal[:-1], decoded], axis=1), separator="") + literal[-1]
+
+
+def _decode_json_string(literal: tf.Tensor) -> tf.Tensor:
+    """A JSON string literal (quotes included) -> its text."""
+    body = tf.strings.substr(literal, 1, tf.strings.length(literal) - 2)
+    body = tf.strings.regex_replace(body, r"\\\\", "\x02")  # escaped backslashes, first
+    for escape, char in (('"', '"'), ("/", "/"), ("b", "\b"), ("f", "\f"), ("n", "\n"),
+                         ("r", "\r"), ("t", "\t")):
+        body = tf.strings.regex_replace(body, "\\\\" + escape, char.replace("\\", "\\\\"))
+    return _decode_unicode_escapes(body)
 
 
 def json_string_value(line: tf.Tensor, key: str) -> tuple[tf.Tensor, tf.Tensor]:
     """(found, value): the top-level string field `key` of a JSON-lines record, decoded with
     TensorFlow ops only, so the pipeline's position can be checkpointed (tf.py_function
-    cannot be). Equal to json.loads(line)[key] on every line the pattern matches."""
-    pattern = _json_field_pattern(key)
+    cannot be). Equal to json.loads(line)[key] on every line whose fields before the key are
+    flat (tests/test_text_files.py)."""
+    pattern = _json_field_pattern(key, _JSON_STRING)
     found = tf.strings.regex_full_match(line, pattern)
-    body = tf.strings.regex_replace(line, pattern, r"\1")
-    body = tf.strings.substr(body, 1, tf.strings.length(body) - 2)  # the quotes
-    body = tf.strings.regex_replace(body, r"\\\\", "\x02")  # escaped backslashes, first
-    for escape, char in (('"', '"'), ("/", "/"), ("b", "\b"), ("f", "\f"), ("n", "\n"),
-                         ("r", "\r"), ("t", "\t")):
-        body = tf.strings.regex_replace(body, "\\\\" + escape, char.replace("\\", "\\\\"))
-    body = tf.cond(tf.strings.regex_full_match(body, r"(?s).*\\u[0-9a-fA-F]{4}.*"),
-                   lambda: _unescape_unicode(body), lambda: body)
-    return found, tf.where(found, tf.strings.regex_replace(body, "\x02", "\\\\"), "")
+    literal = tf.where(found, tf.strings.regex_replace(line, pattern, r"\1"), '""')
+    return found, _decode_json_string(literal)
+
+
+def json_scalar_text(line: tf.Tensor, key: str) -> tf.Tensor:
+    """A kept field as text: a string decoded, a number or literal as written, '' when the
+    line has no such flat field (e.g. `timestamp` given as seconds)."""
+    pattern = _json_field_pattern(key, _JSON_SCALAR)
+    found = tf.strings.regex_full_match(line, pattern)
+    raw = tf.where(found, tf.strings.regex_replace(line, pattern, r"\1"), '""')
+    is_string = tf.strings.regex_full_match(raw, _JSON_STRING)
+    return tf.cond(is_string, lambda: _decode_json_string(raw), lambda: raw)
 
 
 def read_jsonl(path: tf.Tensor, text_key: str = "text",
@@ -157,7 +176,7 @@ def read_jsonl(path: tf.Tensor, text_key: str = "text",
         with tf.control_dependencies([assertion]):
             features = {"text": tf.identity(text)}
         for key, name in zip(keys[1:], names[1:]):
-            features[name] = json_string_value(line, key)[1]
+            features[name] = json_scalar_text(line, key)
         return features
 
     return utf8_lines(path).map(to_features, num_parallel_calls=tf.data.AUTOTUNE)
@@ -217,10 +236,10 @@ class LazySource(seqio.DataSource):
     @property
     def splits(self) -> Sequence[str]:
         """The resolved source's splits (a corpus without validation files has none); the
-        declared ones while the source cannot be resolved yet (gin not parsed)."""
+        declared ones while the source cannot say (gin not parsed, TFDS data not prepared)."""
         try:
-            return self.source.splits
-        except ConfigError:
+            return self.source.splits or self._declared_splits
+        except Exception:  # noqa: BLE001 - unbound gin, unprepared TFDS data: not known yet
             return self._declared_splits
 
     @property

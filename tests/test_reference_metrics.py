@@ -123,17 +123,21 @@ def _stsb_cases(rng: random.Random) -> list[dict]:
 
 def _multirc_cases(rng: random.Random) -> list[dict]:
     """Questions numbered across the whole split (as in SuperGLUE's MultiRC), each on one
-    paragraph, with one example per answer option."""
+    paragraph, with one example per answer option; and question ids that repeat across
+    paragraphs."""
     task = "super_glue_multirc_v102"
     answers = ["False", "True"]
     cases = []
 
-    def groups(n_questions, p_invalid, always_right=False):
+    def groups(n_questions, p_invalid, always_right=False, restart=False):
         targets, predictions, examples = [], [], []
-        paragraph = 0
-        for question in range(n_questions):
+        paragraph, first_of_paragraph = 0, 0
+        for number in range(n_questions):
             if rng.random() < 0.5:
-                paragraph += 1
+                paragraph, first_of_paragraph = paragraph + 1, number
+            # restart: question ids counted within each paragraph, so they repeat across
+            # paragraphs (the reference groups by idx/question alone).
+            question = number - first_of_paragraph if restart else number
             for answer in range(rng.randint(1, 5)):
                 target = rng.choice(answers)
                 prediction = (target if always_right or rng.random() < 0.7 else
@@ -148,6 +152,9 @@ def _multirc_cases(rng: random.Random) -> list[dict]:
 
     for i in range(4):
         cases.append(_case(f"{task}/random{i}", task, *groups(rng.randint(2, 12), 0.15)))
+    for i in range(2):
+        cases.append(_case(f"{task}/repeated_question_ids{i}", task,
+                           *groups(rng.randint(6, 12), 0.1, restart=True)))
     cases.append(_case(f"{task}/valid_only", task, *groups(10, 0.0)))
     cases.append(_case(f"{task}/all_right", task, *groups(6, 0.0, always_right=True)))
     cases.append(_case(f"{task}/one_question", task, *groups(1, 0.3)))

@@ -143,6 +143,32 @@ def test_json_lines_are_parsed_as_python_json_parses_them():
         assert url.decode("utf-8") == record["url"], line
 
 
+@pytest.mark.parametrize("line,key", [
+    ('{"text": "a", "text": "b"}', "text"),  # a key twice: json.loads keeps the last
+    ('{"text": "\\u0002x\\\\u0041"}', "text"),  # U+0002, then an escaped backslash + "u0041"
+    ('{"t€": "v", "a\\"b": "w"}', "t€"),  # keys that are no plain word
+    ('{"t€": "v", "a\\"b": "w"}', 'a"b'),
+    ('{ "n" : -1.5e3 , "ok": true, "none": null, "text" : "x" }', "text"),
+])
+def test_json_corner_cases_equal_json_loads(line, key):
+    """Reference: Python's json module, on lines the random test does not make."""
+    found, value = text_files.json_string_value(tf_constant(line), key)
+    assert bool(found) and value.numpy().decode("utf-8") == json.loads(line)[key]
+
+
+def test_kept_fields_that_are_numbers_read_as_written():
+    line = tf_constant('{"text": "x", "timestamp": 1577836800, "url": null}')
+    assert text_files.json_scalar_text(line, "timestamp").numpy() == b"1577836800"
+    assert text_files.json_scalar_text(line, "url").numpy() == b"null"
+    assert text_files.json_scalar_text(line, "missing").numpy() == b""
+
+
+def tf_constant(value):
+    import tensorflow as tf
+
+    return tf.constant(value)
+
+
 def test_a_json_gz_corpus_resumes_from_its_saved_position(tmp_path):
     """The exact-resume path for a JSON-lines source: the stream saved after 3 batches is
     restored (not re-read by skipping) and continues with the batches the uninterrupted
