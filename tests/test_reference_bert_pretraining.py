@@ -18,12 +18,18 @@ vocab.txt as our pipeline.
   document of the corpus: the share from A's own 64-document block, and from A's own
   document).
 
-Bounds: each statistic is compared as the difference of two sample estimates, allowed
-`Z = 4` standard errors of that difference estimated from both samples (proportions: pooled
-p(1-p)(1/n1 + 1/n2); means: s1^2/n1 + s2^2/n2), and never less than one instance's worth
-(1/min(n1, n2)). Instances of one document are not independent, so 4 standard errors (two-
-sided 6e-5 for independent samples) leaves room for that. The default suite runs ~1,000
-instances a side (a few seconds); `test_large_sample_statistics` (slow) runs ~25,000.
+Bounds: each statistic is compared as the difference of two sample means, allowed `Z`
+standard errors of that difference, each side's standard error cluster-robust with A's
+document as the cluster (instances, and masked tokens, of one document are not independent):
+se^2 = G/(G-1) * sum over clusters of (sum of x - mean)^2 / n^2, G clusters, n samples; and
+never less than one sample's worth (1/min(n1, n2)). About 16 statistics are tested at once;
+Z = 4 is two-sided 6.3e-5 each under normality, under 1.1e-3 for the family (Bonferroni), so
+a correct pipeline fails about once in a thousand runs and a deviation of 4 standard errors
+is caught half the time. The sequence-length distribution is compared bin by bin (the share
+of lengths in each quarter of the maximum length). An event one side never shows while the
+other's rate expects 20 or more of it fails too (so a one-sentence document that makes no
+instance is caught at the default size, where its share's bound is wide). The default suite runs ~1,000 instances a
+side (a few seconds); `test_large_sample_statistics` (slow) runs ~25,000.
 """
 
 from __future__ import annotations
@@ -131,9 +137,8 @@ def _statistics(instances: list[dict], vocab: list[str], single: set[int]) -> di
                 return int(word[1:].split("w")[0])
         return None
 
-    s = {k: [] for k in ("not_next", "one_sentence_document", "masked_share", "length",
-                         "short", "length_a", "length_b", "masked_as_mask", "masked_kept",
-                         "masked_random", "b_in_a_block", "b_from_a")}
+    s = {k: [] for k in STATISTICS}
+    clusters = {k: [] for k in STATISTICS}
     counts: dict[int, set[int]] = {}
     for x in instances:
         ids, positions, targets = x["inputs"], x["masked_lm_positions"], x["targets"]
@@ -146,36 +151,52 @@ def _statistics(instances: list[dict], vocab: list[str], single: set[int]) -> di
         first_sep = original.index(sep_id)
         a, b = original[1:first_sep], original[first_sep + 1:-1]
         assert x["segment_ids"] == [0] * (len(a) + 2) + [1] * (len(b) + 1)
-        s["not_next"].append(x["next_sentence_labels"])
         doc_a, doc_b = document(a), document(b)
-        s["one_sentence_document"].append(int(doc_a in single))
-        s["masked_share"].append(len(positions) / len(ids))
+        cluster = doc_a if doc_a is not None else -1 - len(s["length"])
+
+        def add(name, value):
+            s[name].append(value)
+            clusters[name].append(cluster)
+
+        add("not_next", x["next_sentence_labels"])
+        add("one_sentence_document", int(doc_a in single))
+        add("masked_share", len(positions) / len(ids))
         counts.setdefault(len(ids), set()).add(len(positions))
-        s["length"].append(len(ids))
-        s["short"].append(int(len(ids) < LENGTH // 2))
-        s["length_a"].append(len(a))
-        s["length_b"].append(len(b))
+        add("length", len(ids))
+        add("short", int(len(ids) < LENGTH // 2))
+        for k in range(LENGTH_BINS):
+            add(f"length_bin{k}", int(k * LENGTH // LENGTH_BINS < len(ids)
+                                      <= (k + 1) * LENGTH // LENGTH_BINS))
+        add("length_a", len(a))
+        add("length_b", len(b))
         for p, t in zip(positions, targets):
-            s["masked_as_mask"].append(int(ids[p] == mask_id))
-            s["masked_kept"].append(int(ids[p] == t))
-            s["masked_random"].append(int(ids[p] not in (mask_id, t)))
+            add("masked_as_mask", int(ids[p] == mask_id))
+            add("masked_kept", int(ids[p] == t))
+            add("masked_random", int(ids[p] not in (mask_id, t)))
         if x["next_sentence_labels"] and doc_a is not None and doc_b is not None:
-            s["b_in_a_block"].append(int(doc_a // BLOCK == doc_b // BLOCK))
-            s["b_from_a"].append(int(doc_a == doc_b))
-    return {"samples": s, "counts": counts, "n": len(instances)}
+            add("b_in_a_block", int(doc_a // BLOCK == doc_b // BLOCK))
+            add("b_from_a", int(doc_a == doc_b))
+    return {"samples": s, "clusters": clusters, "counts": counts, "n": len(instances)}
 
 
+LENGTH_BINS = 4
 PROPORTIONS = ("not_next", "one_sentence_document", "short", "masked_as_mask", "masked_kept",
-               "masked_random", "b_in_a_block", "b_from_a")
+               "masked_random", "b_in_a_block", "b_from_a") + tuple(
+                   f"length_bin{k}" for k in range(LENGTH_BINS))
 MEANS = ("masked_share", "length", "length_a", "length_b")
+STATISTICS = PROPORTIONS + MEANS
 
 
-def _bound(name: str, x: np.ndarray, y: np.ndarray) -> float:
-    if name in PROPORTIONS:
-        p = (x.sum() + y.sum()) / (len(x) + len(y))
-        se = math.sqrt(p * (1 - p) * (1 / len(x) + 1 / len(y)))
-    else:
-        se = math.sqrt(x.var(ddof=1) / len(x) + y.var(ddof=1) / len(y))
+def _clustered_se(x: np.ndarray, clusters: np.ndarray) -> float:
+    """The cluster-robust standard error of the mean of x (clusters: A's document)."""
+    _, which = np.unique(clusters, return_inverse=True)
+    groups = np.bincount(which, weights=x - x.mean())
+    g = len(groups)
+    return math.sqrt(g / max(g - 1, 1) * np.sum(groups ** 2)) / len(x)
+
+
+def _bound(x: np.ndarray, y: np.ndarray, cx: np.ndarray, cy: np.ndarray) -> float:
+    se = math.hypot(_clustered_se(x, cx), _clustered_se(y, cy))
     return max(Z * se, 1 / min(len(x), len(y)))
 
 
@@ -185,10 +206,17 @@ def _assert_same_statistics(ours: dict, reference: dict) -> None:
         x = np.asarray(ours["samples"][name], float)
         y = np.asarray(reference["samples"][name], float)
         assert len(x) and len(y), name
-        bound = _bound(name, x, y)
+        bound = _bound(x, y, np.asarray(ours["clusters"][name]),
+                       np.asarray(reference["clusters"][name]))
         if abs(x.mean() - y.mean()) > bound:
             failures.append(f"{name}: ours {x.mean():.4f} (n={len(x)}), reference "
                             f"{y.mean():.4f} (n={len(y)}), allowed difference {bound:.4f}")
+        # An event one side never shows though the other's rate expects 20 or more of it
+        # (P(none) < e^-20 for independent samples; 20 documents' worth clustered).
+        for a, b, side in ((x, y, "ours"), (y, x, "the reference")):
+            if name in PROPORTIONS and a.sum() == 0 and b.mean() * len(a) >= 20:
+                failures.append(f"{name}: never seen in {side} (n={len(a)}), rate "
+                                f"{b.mean():.4f} on the other side")
     # The number masked is a function of the length in the reference: the same at each
     # length both produced.
     for length in set(ours["counts"]) & set(reference["counts"]):
