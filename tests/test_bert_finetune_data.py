@@ -1,7 +1,10 @@
-"""BERT's fine-tuning inputs and decoding, checked against hand-built cases and the
-reference's own algorithms: pair truncation, [CLS]/[SEP] framing, SQuAD windows and answer
-positions, end-to-end SQuAD decoding, CoNLL entity F1, and the errors for a head or
-vocabulary that does not fit the task."""
+"""BERT's fine-tuning inputs and decoding against Google BERT's own code (bert-tensorflow
+1.0.4, run in its own process: tests/oracles/bert_finetune.py): pair truncation
+(`run_classifier._truncate_seq_pair`), [CLS]/[SEP] framing (`convert_single_example`), SQuAD
+windows, answer positions and max context (`read_squad_examples`,
+`convert_examples_to_features`) and end-to-end SQuAD decoding (`write_predictions`); plus
+hand-derived cases (each with its derivation) for the v2.0 threshold search and CoNLL entity
+F1, and the errors for a head or vocabulary that does not fit the task."""
 
 import numpy as np
 import pytest
@@ -11,6 +14,7 @@ from t5x_like import bert_preprocessors as bp
 from t5x_like import metrics, squad_eval, squad_spans
 from t5x_like.config import ConfigError
 from t5x_like.data.wordpiece import WordPieceVocabulary
+from tests.oracle import run_oracle
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat",
          "a", "dog", "ran", "far", "away", "who", "where", "did", "go", "##s", "."]
@@ -23,23 +27,45 @@ def vocab(tmp_path_factory):
     return WordPieceVocabulary(str(path))
 
 
-def _reference_truncate(len_a, len_b, budget):
-    """The reference's `_truncate_seq_pair`, one token at a time."""
-    while len_a + len_b > budget:
-        if len_a > len_b:
-            len_a -= 1
-        else:
-            len_b -= 1
-    return len_a, len_b
+CONTEXT = "the cat sat on the mat a dog ran far away"
+BUDGETS, LENGTHS = range(1, 14), range(0, 16)
+# (text a, text b or None, max_seq_length) framed by both sides
+CLASSIFIER_CASES = [("the cat sat", "a dog ran", 16), ("the cat sat on the mat", "dogs ran", 9),
+                    ("the cat sat on the mat .", None, 6)]
 
 
-def test_pair_truncation_equals_the_reference_loop():
-    for budget in range(1, 14):
-        for len_a in range(0, 16):
-            for len_b in range(0, 16):
-                got = bp.truncated_pair_lengths(tf.constant(len_a), tf.constant(len_b), budget)
-                assert tuple(int(x) for x in got) == _reference_truncate(len_a, len_b, budget), \
-                    (len_a, len_b, budget)
+def _squad_case(answer, is_training, predict=None, version_2=False):
+    example = {"id": "q", "context": CONTEXT, "question": "who ran", "is_impossible": False,
+               "answers": [] if answer is None else [
+                   {"text": answer, "answer_start": CONTEXT.index(answer)}]}
+    case = {"examples": [example], "is_training": is_training, "version_2": version_2,
+            "max_seq_length": 11, "doc_stride": 3, "max_query_length": 64}
+    return {**case, "predict": predict} if predict else case
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Google BERT's output on every case of this module, from one oracle run."""
+    ids = {w: i for i, w in enumerate(WORDS)}
+    payload = {
+        "dir": str(tmp_path_factory.mktemp("bert_reference")), "vocab": WORDS,
+        "truncate": [[a, b, n] for n in BUDGETS for a in LENGTHS for b in LENGTHS],
+        "classifier": [{"a": a, "b": b, "max_seq_length": n} for a, b, n in CLASSIFIER_CASES],
+        "squad": [
+            _squad_case("dog ran", is_training=True),
+            _squad_case(None, False, {"start_id": ids["ran"], "end_id": ids["away"],
+                                      "cls_id": ids["[CLS]"]}),
+            _squad_case(None, False, {"start_id": ids["[CLS]"], "end_id": ids["[CLS]"],
+                                      "cls_id": ids["[CLS]"], "null_threshold": 0.0},
+                        version_2=True)]}
+    return run_oracle("bert_finetune", payload)
+
+
+def test_pair_truncation_equals_the_reference(reference):
+    cases = [(a, b, n) for n in BUDGETS for a in LENGTHS for b in LENGTHS]
+    for (len_a, len_b, budget), want in zip(cases, reference["truncate"]):
+        got = bp.truncated_pair_lengths(tf.constant(len_a), tf.constant(len_b), budget)
+        assert [int(x) for x in got] == want, (len_a, len_b, budget)
 
 
 def _frame(vocab, example, keys, length):
@@ -48,29 +74,62 @@ def _frame(vocab, example, keys, length):
     return next(out.as_numpy_iterator())
 
 
-def test_sentence_pair_is_framed_with_cls_sep_and_segments(vocab):
+def _padded(values, length):
+    return list(values) + [0] * (length - len(values))
+
+
+def test_sentence_pair_is_framed_with_cls_sep_and_segments(vocab, reference):
     ex = _frame(vocab, {"a": "the cat sat", "b": "a dog ran", "label": 1}, ("a", "b"), 16)
+    # The paper's format (Figure 2): [CLS] A [SEP] B [SEP], segment 0 through the first [SEP].
     ids = {w: i for i, w in enumerate(WORDS)}
     want = [ids[w] for w in ["[CLS]", "the", "cat", "sat", "[SEP]", "a", "dog", "ran", "[SEP]"]]
     assert ex["inputs"].tolist() == want
     assert ex["segment_ids"].tolist() == [0] * 5 + [1] * 4
     assert ex["label"] == 1.0
-    # Too long: A (longer) is cut first, from its end, then they alternate.
-    ex = _frame(vocab, {"a": "the cat sat on the mat", "b": "dogs ran", "label": 0},
-                ("a", "b"), 9)
-    assert len(ex["inputs"]) == 9
-    assert [WORDS[i] for i in ex["inputs"]] == ["[CLS]", "the", "cat", "sat", "[SEP]", "dog",
-                                                 "##s", "ran", "[SEP]"]
+    # Too long (budget 9 - 3 = 6 for A's 6 pieces and B's 3: "dog ##s ran"): the longer A
+    # loses its last tokens until both are 3.
+    cut = _frame(vocab, {"a": "the cat sat on the mat", "b": "dogs ran", "label": 0},
+                 ("a", "b"), 9)
+    assert len(cut["inputs"]) == 9
+    assert [WORDS[i] for i in cut["inputs"]] == ["[CLS]", "the", "cat", "sat", "[SEP]", "dog",
+                                                  "##s", "ran", "[SEP]"]
+    for got, (_, _, length), ref in zip((ex, cut), CLASSIFIER_CASES, reference["classifier"]):
+        assert _padded(got["inputs"].tolist(), length) == ref["input_ids"]
+        assert _padded(got["segment_ids"].tolist(), length) == ref["segment_ids"]
 
 
-def test_single_sentence_keeps_one_segment(vocab):
+def test_single_sentence_keeps_one_segment(vocab, reference):
     ex = _frame(vocab, {"s": "the cat sat on the mat .", "label": 0}, ("s",), 6)
+    # max_seq_length 6 leaves 4 pieces between [CLS] and [SEP]
     assert [WORDS[i] for i in ex["inputs"]] == ["[CLS]", "the", "cat", "sat", "on", "[SEP]"]
     assert ex["segment_ids"].tolist() == [0] * 6
+    ref = reference["classifier"][2]
+    assert ex["inputs"].tolist() == ref["input_ids"]
+    assert ex["segment_ids"].tolist() == ref["segment_ids"]
+    assert ref["input_mask"] == [1] * 6
 
 
-def test_squad_windows_positions_and_max_context(vocab):
-    context = "the cat sat on the mat a dog ran far away"
+def _assert_features_equal(ours, theirs):
+    """Our SQuAD windows equal the reference's `InputFeatures`: ids, segments, answer
+    positions, the word of each context token and which tokens are in their max context."""
+    assert len(ours) == len(theirs)
+    for f, ref in zip(ours, theirs):
+        assert f.input_ids == ref["input_ids"]
+        assert f.segment_ids == ref["segment_ids"]
+        if ref["start_position"] is not None:  # the reference sets positions when training
+            assert (f.start_position, f.end_position) == (ref["start_position"],
+                                                          ref["end_position"])
+        assert f.token_to_word == {int(k): v for k, v in ref["token_to_orig_map"].items()}
+        assert {int(k): bool(f.valid[int(k)]) for k in ref["token_is_max_context"]} == \
+            {int(k): v for k, v in ref["token_is_max_context"].items()}
+        assert sorted(np.flatnonzero(f.in_context)) == sorted(
+            int(k) for k in ref["token_to_orig_map"])
+        assert not f.valid[[i for i in range(len(f.valid))
+                            if str(i) not in ref["token_is_max_context"]]].any()
+
+
+def test_squad_windows_positions_and_max_context(vocab, reference):
+    context = CONTEXT
     answer_start = context.index("dog ran")
     words, features = bp.squad_features(vocab, context, "who ran", ("dog ran", answer_start),
                                         max_seq_length=11, doc_stride=3)
@@ -90,6 +149,12 @@ def test_squad_windows_positions_and_max_context(vocab):
                 assert word not in owners
                 owners[word] = index
     assert sorted(owners) == list(range(len(words)))
+    ref = reference["squad"][0]
+    assert ref["num_examples"] == 1
+    _assert_features_equal(features, ref["features"])
+    # Without an answer (evaluation) the windows are the same.
+    _, plain = bp.squad_features(vocab, context, "who ran", None, 11, 3)
+    _assert_features_equal(plain, reference["squad"][1]["features"])
 
 
 class _PointingModel:
@@ -106,21 +171,25 @@ class _PointingModel:
         return ((ids == self.start_id) & context) * 10.0, ((ids == self.end_id) & context) * 10.0
 
 
-def test_squad_decoding_recovers_the_answer_text_across_windows(vocab):
+def test_squad_decoding_recovers_the_answer_text_across_windows(vocab, reference):
+    """The same stand-in model scores our windows and the reference's (the oracle applies
+    `_PointingModel`'s rule to its own features); `write_predictions` decodes theirs."""
     ids = {w: i for i, w in enumerate(WORDS)}
-    examples = [{"context": "the cat sat on the mat a dog ran far away",
-                 "question": "who ran"}]
+    examples = [{"context": CONTEXT, "question": "who ran"}]
     # "ran" has its most context in the third window (start 6), where the span ends at
     # "away"; the windows before score nothing there.
     model = _PointingModel(ids["ran"], ids["away"])
     answers = squad_eval.predict_answers(model, None, vocab, examples, max_seq_length=11,
                                          batch_size=2, doc_stride=3)
-    assert answers == ["ran far away"]
+    assert answers == [reference["squad"][1]["predictions"]["q"]] == ["ran far away"]
     assert metrics.squad([["ran far away", "a dog"]], answers) == {"em": 100.0, "f1": 100.0}
     # v2.0: a null score that beats the best span by more than tau means "no answer".
     model = _PointingModel(ids["[CLS]"], ids["[CLS]"])
+    v2 = reference["squad"][2]
     assert squad_eval.predict_answers(model, None, vocab, examples, 11, 2, 3,
-                                      null_threshold=0.0) == [""]
+                                      null_threshold=0.0) == [v2["predictions"]["q"]] == [""]
+    [(_, diff)] = squad_eval.best_answers(model, None, vocab, examples, 11, 2, 3)
+    assert diff == pytest.approx(v2["scores_diff"]["q"])  # null 10 + 10 vs a span of 0
     assert metrics.squad_v2([[]], [""]) == {"em": 100.0, "f1": 100.0}
 
 

@@ -1,5 +1,9 @@
 """BERT's fine-tuning tasks on tiny but real TFDS builds (GLUE MRPC, HellaSwag, CoNLL-2003,
-SQuAD v1.1/v2.0): each example framed as checked by hand, and each gin recipe (SQuAD, SWAG,
+SQuAD v1.1/v2.0): each example framed as Google BERT's code frames it (bert-tensorflow 1.0.4,
+run in its own process: tests/oracles/bert_finetune.py; `run_classifier.convert_single_example`
+for sentence pairs and for each SWAG ending as the paper's section 4.4 pairs them,
+`run_squad.read_squad_examples` + `convert_examples_to_features` for SQuAD windows), CoNLL
+tagging by a hand derivation (the reference has no NER code), and each gin recipe (SQuAD, SWAG,
 NER feature-based) training a tiny BERT and scoring the validation split with its metric."""
 
 import json
@@ -13,6 +17,7 @@ import seqio
 from t5x_like import bert_features, squad_eval
 from t5x_like import config as config_lib
 from t5x_like import train
+from tests.oracle import run_oracle
 from tests.tiny_tfds import build_tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -70,6 +75,32 @@ def data_dir(tmp_path_factory):
     return path
 
 
+def _squad_reference_case(split_name, version_2):
+    examples = [{"id": ex["id"], "context": ex["context"], "question": ex["question"],
+                 "is_impossible": bool(ex.get("is_impossible", False)),
+                 "answers": [{"text": t, "answer_start": a} for t, a in
+                             zip(ex["answers"]["text"], ex["answers"]["answer_start"])]}
+                for ex in DATASETS[split_name]["train"]]
+    return {"examples": examples, "is_training": True, "version_2": version_2,
+            "max_seq_length": 32, "doc_stride": 128, "max_query_length": 64}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Google BERT's features for this module's examples, from one oracle run: [0] the MRPC
+    pair, [1:5] HellaSwag's context with each ending (length 16); SQuAD v1.1 and v2.0
+    training windows (length 32, the tasks' stride 128 and query length 64)."""
+    mrpc = DATASETS["glue/mrpc"]["train"][0]
+    swag = DATASETS["hellaswag"]["train"][0]
+    pairs = [(mrpc["sentence1"], mrpc["sentence2"])] + [(swag["context"], e)
+                                                        for e in swag["endings"]]
+    payload = {"dir": str(tmp_path_factory.mktemp("bert_reference")), "vocab": WORDS,
+               "classifier": [{"a": a, "b": b, "max_seq_length": 16} for a, b in pairs],
+               "squad": [_squad_reference_case("squad/v1.1", False),
+                         _squad_reference_case("squad/v2.0", True)]}
+    return run_oracle("bert_finetune", payload)
+
+
 @pytest.fixture
 def vocab_bound(data_dir):
     gin.bind_parameter("bert_vocab_path.path", str(data_dir / "vocab.txt"))
@@ -86,25 +117,37 @@ def _words(ids):
     return [WORDS[i] for i in ids if i]
 
 
-def test_glue_pair_in_bert_format(vocab_bound):
+def _assert_framed_as(ex, ref):
+    for key in ("input_ids", "segment_ids", "input_mask"):
+        assert np.asarray(ex[key]).tolist() == ref[key], key
+
+
+def test_glue_pair_in_bert_format(vocab_bound, reference):
     ex = _first("bert_glue_mrpc", bert_features.ClassificationFeatureConverter())
+    _assert_framed_as(ex, reference["classifier"][0])
     assert _words(ex["input_ids"]) == ["[CLS]", "the", "cat", "sat", "[SEP]", "a", "dog", "ran",
                                        "[SEP]"]
-    assert ex["segment_ids"][:9].tolist() == [0] * 5 + [1] * 4
-    assert ex["input_mask"].sum() == 9 and ex["label"] == 1.0 and ex["label_weights"] == 1.0
+    assert ex["label"] == 1.0 and ex["label_weights"] == 1.0  # the TFDS label, weight 1
 
 
-def test_hellaswag_stacks_one_pair_per_ending(vocab_bound):
+def test_hellaswag_stacks_one_pair_per_ending(vocab_bound, reference):
     ex = _first("bert_hellaswag", bert_features.MultipleChoiceFeatureConverter(4))
     assert ex["input_ids"].shape == (4, 16)
+    for choice in range(4):  # each ending: the context as A, the ending as B
+        _assert_framed_as({k: ex[k][choice] for k in ("input_ids", "segment_ids",
+                                                     "input_mask")},
+                          reference["classifier"][1 + choice])
     assert [_words(row) for row in ex["input_ids"]] == [
         ["[CLS]", "the", "dog", "ran", "[SEP]"] + ending + ["[SEP]"]
         for ending in (["far", "away"], ["home"], ["the", "cat"], ["slept"])]
-    assert ex["segment_ids"][0, :8].tolist() == [0] * 5 + [1] * 3
-    assert ex["label"] == 1.0
+    assert ex["label"] == 1.0  # the TFDS label
 
 
 def test_conll_tags_the_first_piece_of_each_word(vocab_bound):
+    """By hand (Google BERT has no NER code): the paper's section 5.3 feeds "the representation
+    of the first sub-token" of each word to the tagger. "dogs" is "dog ##s" in this vocabulary
+    (WordPiece's longest match first), so the words' tags [1, 0, 0, 5, 0] sit on positions
+    1-5 after [CLS], "##s" gets weight 0, and [CLS]/[SEP] are not scored (tag 0, weight 0)."""
     ex = _first("bert_conll2003_ner", bert_features.TaggingFeatureConverter())
     assert _words(ex["input_ids"]) == ["[CLS]", "john", "lives", "in", "paris", "dog", "##s",
                                        "[SEP]"]
@@ -112,17 +155,39 @@ def test_conll_tags_the_first_piece_of_each_word(vocab_bound):
     assert ex["label_weights"][:8].tolist() == [0, 1, 1, 1, 1, 1, 0, 0]
 
 
-def test_squad_training_features_point_at_the_answer(vocab_bound):
+def _span_features(task):
+    ds = seqio.get_dataset(task, {"inputs": 32},
+                           feature_converter=bert_features.SpanFeatureConverter(),
+                           dataset_split="train", shuffle=False, num_epochs=1)
+    return list(ds.as_numpy_iterator())
+
+
+def _as_reference(ex):
+    return (tuple(ex["input_ids"].tolist()), tuple(ex["segment_ids"].tolist()),
+            int(ex["start_position"]), int(ex["end_position"]))
+
+
+def test_squad_training_features_point_at_the_answer(vocab_bound, reference):
     ex = _first("bert_squad_v110", bert_features.SpanFeatureConverter(), length=32)
     ids = ex["input_ids"]
     assert _words(ids[ex["start_position"]:ex["end_position"] + 1]) == ["the", "mat"]
-    ds = seqio.get_dataset("bert_squad_v200", {"inputs": 32},
-                           feature_converter=bert_features.SpanFeatureConverter(),
-                           dataset_split="train", shuffle=False, num_epochs=1)
-    spans = [(int(e["start_position"]), int(e["end_position"])) for e in ds.as_numpy_iterator()]
-    # one window per question; the unanswerable one (TFDS stores examples in its own order)
-    # points at [CLS]
+    for task, ref in zip(("bert_squad_v110", "bert_squad_v200"), reference["squad"]):
+        ours = _span_features(task)
+        assert ref["num_examples"] == 4
+        want = [(tuple(_padded(f["input_ids"], 32)), tuple(_padded(f["segment_ids"], 32)),
+                 f["start_position"], f["end_position"]) for f in ref["features"]]
+        # TFDS stores the examples in its own order: compare as multisets
+        assert sorted(map(_as_reference, ours)) == sorted(want), task
+        for e in ours:
+            assert e["input_mask"].tolist() == (e["input_ids"] != 0).astype(int).tolist()
+    spans = [(int(e["start_position"]), int(e["end_position"]))
+             for e in _span_features("bert_squad_v200")]
+    # one window per question; the unanswerable one points at [CLS]
     assert len(spans) == 4 and spans.count((0, 0)) == 1
+
+
+def _padded(values, length):
+    return list(values) + [0] * (length - len(values))
 
 
 class _Oracle:

@@ -56,6 +56,7 @@ def test_input_transformations_frame_as_figure_1():
         [START, *_ids("the cat"), DELIM, *_ids("ran far"), EXTRACT]]
     assert choices["label"] == 1.0
     # Too long: the longer text loses its last tokens first; the extract token stays last.
+    # (Length 7 less the 3 special tokens leaves 4: "dog" keeps its 1, A is cut from 6 to 3.)
     cut = _framed("entailment", {"a": "the cat sat on the mat", "b": "dog", "label": 0},
                   ("a", "b"), length=7)
     assert cut["inputs"].tolist() == [START, *_ids("the cat sat"), DELIM, *_ids("dog"), EXTRACT]

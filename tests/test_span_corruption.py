@@ -1,4 +1,7 @@
-"""T5's span corruption against hand-computed lengths, the paper's example and invariants."""
+"""T5's span corruption against hand-computed lengths, the paper's example and invariants,
+and function by function against the T5 library (t5 0.9.4 `t5.data.preprocessors`, run in its
+own process: tests/oracles/t5_span_pieces.py): `random_spans_helper`, `random_spans_noise_mask`
+under the same seeds, and the sentinel functions on the paper's example."""
 
 import functools
 
@@ -8,6 +11,32 @@ import seqio
 import tensorflow as tf
 
 from t5x_like import preprocessors
+from tests.oracle import run_oracle
+
+HELPER_CASES = [(512, 0.15, 3.0), (128, 0.15, 3.0), (1024, 0.15, 3.0), (512, 0.5, 10.0),
+                (64, 0.25, 5.0), (114, 0.15, 2.0)]
+COUNT_SEEDS = [(0, 1), (7, 3), (123, 456)]
+OTHER_SETTINGS = [(2.0, 0.15), (5.0, 0.25), (10.0, 0.5)]
+PAPER_WORDS = "Thank you for inviting me to your party last week .".split()
+PAPER_NOISE = ("for", "inviting", "last")
+
+
+def _count_seeds(seed):
+    return [list(seed), [seed[1], seed[0]]]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The T5 library's helper lengths, noise masks and sentinel outputs for this module's
+    cases, from one oracle run."""
+    masks = [{"length": 568, "noise_density": 0.15, "mean_noise_span_length": 3.0,
+              "seeds": _count_seeds(seed)} for seed in COUNT_SEEDS]
+    masks += [{"length": 200, "noise_density": density, "mean_noise_span_length": span,
+               "seeds": [[1, 2], [3, 4]]} for span, density in OTHER_SETTINGS]
+    paper = {"tokens": [PAPER_WORDS.index(w) + 10 for w in PAPER_WORDS],
+             "noise": [w in PAPER_NOISE for w in PAPER_WORDS], "vocab_size": 100}
+    return run_oracle("t5_span_pieces", {"helper": HELPER_CASES, "masks": masks,
+                                         "sentinels": [paper]})
 
 
 @pytest.mark.parametrize("inputs_length,expected", [
@@ -19,14 +48,20 @@ def test_length_arithmetic(inputs_length, expected):
     assert preprocessors.random_spans_helper(inputs_length) == expected
 
 
+def test_length_arithmetic_equals_the_t5_library(reference):
+    for (n, density, span), want in zip(HELPER_CASES, reference["helper"]):
+        assert list(preprocessors.random_spans_helper(n, density, span)) == want, (n, density)
+
+
 def _runs(mask: np.ndarray) -> int:
     return int(np.sum(mask[1:] & ~mask[:-1]) + mask[0])
 
 
-@pytest.mark.parametrize("seed", [(0, 1), (7, 3), (123, 456)])
-def test_noise_mask_counts(seed):
-    seeds = tf.constant([seed, (seed[1], seed[0])], tf.int32)
+@pytest.mark.parametrize("index,seed", list(enumerate(COUNT_SEEDS)))
+def test_noise_mask_counts(index, seed, reference):
+    seeds = tf.constant(_count_seeds(seed), tf.int32)
     mask = preprocessors.random_spans_noise_mask(tf.constant(568), 0.15, seeds, 3.0).numpy()
+    assert mask.tolist() == reference["masks"][index]  # the library's mask, same seeds
     assert mask.shape == (568,)
     assert mask.sum() == 85            # round(568 * 0.15)
     assert _runs(mask) == 28           # round(85 / 3)
@@ -37,28 +72,33 @@ def test_noise_mask_counts(seed):
     assert not np.array_equal(mask, other)
 
 
-@pytest.mark.parametrize("mean_span,density", [(2.0, 0.15), (5.0, 0.25), (10.0, 0.5)])
-def test_noise_mask_other_settings(mean_span, density):
+@pytest.mark.parametrize("index,mean_span,density",
+                         [(i, *setting) for i, setting in enumerate(OTHER_SETTINGS)])
+def test_noise_mask_other_settings(index, mean_span, density, reference):
     seeds = tf.constant([[1, 2], [3, 4]], tf.int32)
     mask = preprocessors.random_spans_noise_mask(tf.constant(200), density, seeds,
                                                  mean_span).numpy()
+    assert mask.tolist() == reference["masks"][len(COUNT_SEEDS) + index]
     assert mask.sum() == round(200 * density)
     assert _runs(mask) == max(1, round(round(200 * density) / mean_span))
 
 
-def test_papers_example():
-    """'Thank you <X> me to your party <Y> week .' -> '<X> for inviting <Y> last <Z>'."""
-    words = "Thank you for inviting me to your party last week .".split()
+def test_papers_example(reference):
+    """'Thank you <X> me to your party <Y> week .' -> '<X> for inviting <Y> last <Z>'
+    (the paper's Figure 2)."""
+    words = PAPER_WORDS
     vocab = seqio.PassThroughVocabulary(size=100)
     ids = {w: i + 10 for i, w in enumerate(words)}
     tokens = tf.constant([ids[w] for w in words])
-    noise = tf.constant([w in ("for", "inviting", "last") for w in words])
+    noise = tf.constant([w in PAPER_NOISE for w in words])
     inputs = preprocessors.noise_span_to_unique_sentinel(tokens, noise, vocab).numpy()
     targets = preprocessors.nonnoise_span_to_unique_sentinel(tokens, noise, vocab).numpy()
     x, y, z = 99, 98, 97  # sentinels count down from the top of the vocabulary
     assert inputs.tolist() == [ids["Thank"], ids["you"], x, ids["me"], ids["to"], ids["your"],
                                ids["party"], y, ids["week"], ids["."]]
     assert targets.tolist() == [x, ids["for"], ids["inviting"], y, ids["last"], z]
+    [theirs] = reference["sentinels"]
+    assert (inputs.tolist(), targets.tolist()) == (theirs["inputs"], theirs["targets"])
 
 
 def _reconstruct(inputs, targets, first_sentinel):

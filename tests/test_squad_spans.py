@@ -1,8 +1,77 @@
-"""BERT's SQuAD span decoder on hand-made logits."""
+"""BERT's SQuAD span decoder: on hand-made logits (each case's arithmetic stated), and
+against Google BERT's `run_squad.py` (bert-tensorflow 1.0.4, run in its own process:
+tests/oracles/bert_finetune.py) for the document-stride windows (`convert_examples_to_features`),
+max context (`_check_is_max_context`) and the answer `write_predictions` picks from random
+logits (v1.1, and v2.0 with its null score)."""
 
 import numpy as np
+import pytest
 
-from t5x_like import squad_spans
+from t5x_like import bert_preprocessors, squad_spans
+from t5x_like.data.wordpiece import WordPieceVocabulary
+from tests.oracle import run_oracle
+
+SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+WORDS = [f"w{i}" for i in range(300)]  # one piece each
+QUESTION = "w1"
+# (context words, max_seq_length, doc_stride): the question is one piece, so each window
+# holds max_seq_length - 1 - 3 context pieces
+WINDOW_CASES = [(300, 132, 64), (50, 132, 64), (40, 16, 5), (33, 20, 12)]
+# decoding: (context words, max_seq_length, doc_stride, n_best, max_answer_length, seed)
+DECODE_CASES = [(60, 32, 9, 5, 30, 0), (60, 32, 9, 20, 30, 1), (45, 24, 7, 5, 4, 2),
+                (80, 40, 16, 10, 8, 3)]
+# v1.1 (None), and v2.0 taus on both sides of these cases' null - best span (-4.7 to -6.8)
+THRESHOLDS = (None, 0.0, -5.0, -6.5)
+
+
+def _context(n):
+    return " ".join(WORDS[:n])
+
+
+def _example(n):
+    return {"id": "q", "context": _context(n), "question": QUESTION, "answers": [],
+            "is_impossible": False}
+
+
+def _squad_case(n, length, stride, predict=None):
+    case = {"examples": [_example(n)], "is_training": False, "max_seq_length": length,
+            "doc_stride": stride, "max_query_length": 64}
+    return {**case, "predict": predict} if predict else case
+
+
+@pytest.fixture(scope="module")
+def vocab(tmp_path_factory):
+    path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
+    path.write_text("\n".join(SPECIAL + WORDS) + "\n")
+    return WordPieceVocabulary(str(path))
+
+
+def _features(vocab, n, length, stride):
+    return bert_preprocessors.squad_features(vocab, _context(n), QUESTION, None, length,
+                                             stride)
+
+
+def _random_logits(features, length, seed):
+    rng = np.random.default_rng(seed)
+    return [(rng.normal(size=length), rng.normal(size=length)) for _ in features]
+
+
+@pytest.fixture(scope="module")
+def reference(vocab, tmp_path_factory):
+    """write_predictions on the same random logits we decode, and the reference's windows."""
+    squad = [_squad_case(n, length, stride) for n, length, stride in WINDOW_CASES]
+    for n, length, stride, n_best, max_len, seed in DECODE_CASES:
+        _, features = _features(vocab, n, length, stride)
+        logits = [[s.tolist(), e.tolist()] for s, e in _random_logits(features, length, seed)]
+        for threshold in THRESHOLDS:
+            squad.append(_squad_case(n, length, stride, {
+                "logits": logits, "n_best": n_best, "max_answer_length": max_len,
+                "null_threshold": threshold}))
+    windows = squad_spans.doc_stride_windows(300, 128, 64)
+    payload = {"dir": str(tmp_path_factory.mktemp("bert_reference")), "vocab": SPECIAL + WORDS,
+               "squad": squad, "max_context": [
+                   {"spans": [[w.start, w.length] for w in windows], "num_tokens": 300}]}
+    return run_oracle("bert_finetune", payload)
 
 
 def _logits(n, peaks):
@@ -75,3 +144,34 @@ def test_doc_stride_windows_and_max_context():
     assert squad_spans.is_max_context(windows, 1, 100)
     assert not squad_spans.is_max_context(windows, 0, 100)
     assert squad_spans.doc_stride_windows(50, 128, 64) == [squad_spans.Window(0, 50)]
+
+
+def test_windows_and_max_context_equal_the_reference(reference):
+    for (n, length, stride), ref in zip(WINDOW_CASES, reference["squad"]):
+        ours = squad_spans.doc_stride_windows(n, length - 1 - 3, stride)
+        theirs = [sorted(f["token_to_orig_map"].values()) for f in ref["features"]]
+        assert [list(range(w.start, w.start + w.length)) for w in ours] == theirs, n
+    windows = squad_spans.doc_stride_windows(300, 128, 64)
+    [flags] = reference["max_context"]
+    assert [[squad_spans.is_max_context(windows, i, p) for p in range(300)]
+            for i in range(len(windows))] == flags
+
+
+def test_decoding_random_logits_equals_write_predictions(vocab, reference):
+    """Our n-best starts and ends, validity checks, length limit and v2.0 null decision pick
+    the answer the reference picks, from the same logits (the n-best cut at 5 or 10 makes
+    the question and padding positions compete, as they do in the reference)."""
+    results = iter(reference["squad"][len(WINDOW_CASES):])
+    for n, length, stride, n_best, max_len, seed in DECODE_CASES:
+        words, features = _features(vocab, n, length, stride)
+        scored = [(s, e, f.valid, f.in_context)
+                  for (s, e), f in zip(_random_logits(features, length, seed), features)]
+        span, null_score = squad_spans.best_and_null(scored, n_best, max_len)
+        text = squad_spans.span_text(words, features[span.window], span)
+        for threshold in THRESHOLDS:
+            ref = next(results)
+            diff = null_score - span.score
+            answer = "" if threshold is not None and diff > threshold else text
+            assert answer == ref["predictions"]["q"], (n, seed, threshold)
+            if threshold is not None:
+                assert diff == pytest.approx(ref["scores_diff"]["q"], rel=1e-6)
