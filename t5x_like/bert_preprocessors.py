@@ -274,11 +274,16 @@ def _frame(vocab: WordPieceVocabulary, a: tf.Tensor, b: tf.Tensor | None,
         a = a[:length - 2]
         ids = tf.concat([cls, a, sep], 0)
         return ids, tf.zeros_like(ids)
-    len_a, len_b = truncated_pair_lengths(tf.size(a), tf.size(b), length - 3)
-    first = tf.concat([cls, a[:len_a], sep], 0)
-    second = tf.concat([b[:len_b], sep], 0)
-    return (tf.concat([first, second], 0),
-            tf.concat([tf.zeros_like(first), tf.ones_like(second)], 0))
+    def pair():
+        len_a, len_b = truncated_pair_lengths(tf.size(a), tf.size(b), length - 3)
+        first = tf.concat([cls, a[:len_a], sep], 0)
+        second = tf.concat([b[:len_b], sep], 0)
+        return (tf.concat([first, second], 0),
+                tf.concat([tf.zeros_like(first), tf.ones_like(second)], 0))
+
+    # An empty b frames a single sentence, as the reference's `if tokens_b:`
+    # (run_classifier.convert_single_example).
+    return tf.cond(tf.size(b) > 0, pair, lambda: _frame(vocab, a, None, length))
 
 
 def frame_pair(vocab: WordPieceVocabulary, text_keys: Sequence[str], label_key: str = "label",
@@ -362,15 +367,20 @@ def squad_features(vocab: WordPieceVocabulary, context: str, question: str,
                    answer: tuple[str, int] | None, max_seq_length: int, doc_stride: int = 128,
                    max_query_length: int = 64) -> tuple[list[str], list[squad_spans.Feature]]:
     """The context's words and the document-stride features of one SQuAD example (`answer`:
-    (text, character offset), or None for an unanswerable v2.0 question)."""
+    (text, character offset), or None for an unanswerable v2.0 question). A training answer
+    whose text the context's words do not hold at its offset gives no features, as the
+    reference skips it (run_squad.read_squad_examples)."""
     words, char_to_word = squad_spans.whitespace_words(context)
-    answer_words = None
+    answer_words = answer_ids = None
     if answer is not None:
         answer_words = squad_spans.answer_word_span(char_to_word, answer[1], answer[0])
+        if not squad_spans.answer_recoverable(words, answer_words, answer[0]):
+            return words, []  # the reference's read_squad_examples skips such an example
+        answer_ids = vocab.encode(answer[0])
     word_pieces = [vocab.encode(w) for w in words]
     return words, squad_spans.featurize(vocab.encode(question), word_pieces, max_seq_length,
                                         doc_stride, vocab.cls_id, vocab.sep_id, answer_words,
-                                        max_query_length)
+                                        max_query_length, answer_ids)
 
 
 def frame_squad(vocab: WordPieceVocabulary, doc_stride: int = 128,

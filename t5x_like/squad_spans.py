@@ -156,6 +156,27 @@ def answer_word_span(char_to_word: Sequence[int], answer_start: int,
     return char_to_word[answer_start], char_to_word[end_char]
 
 
+def answer_recoverable(words: Sequence[str], answer_words: tuple[int, int],
+                       answer_text: str) -> bool:
+    """Whether the words an answer's offsets cover hold its text (whitespace-normalised), the
+    reference's test before it trains on an example (run_squad.read_squad_examples)."""
+    actual = " ".join(words[answer_words[0]:answer_words[1] + 1])
+    return " ".join(answer_text.split()) in actual
+
+
+def improve_answer_span(pieces: Sequence[int], start: int, end: int,
+                        answer_ids: Sequence[int]) -> tuple[int, int]:
+    """The narrowest pieces within [start, end] that are exactly the answer's own pieces
+    (run_squad._improve_answer_span: "1895" in "(1895-1943)" is one piece, not the word),
+    else [start, end]."""
+    answer_ids = list(answer_ids)
+    for new_start in range(start, end + 1):
+        for new_end in range(end, new_start - 1, -1):
+            if list(pieces[new_start:new_end + 1]) == answer_ids:
+                return new_start, new_end
+    return start, end
+
+
 @dataclasses.dataclass
 class Feature:
     """One window of an example: the model's inputs, the answer's token positions (0, 0 =
@@ -174,10 +195,12 @@ class Feature:
 def featurize(query_ids: Sequence[int], word_pieces: Sequence[Sequence[int]],
               max_seq_length: int, doc_stride: int, cls_id: int, sep_id: int,
               answer_words: tuple[int, int] | None = None,
-              max_query_length: int = 64) -> list[Feature]:
+              max_query_length: int = 64,
+              answer_ids: Sequence[int] | None = None) -> list[Feature]:
     """`[CLS] question [SEP] window [SEP]` for each document-stride window over the context's
     pieces (`word_pieces[w]` = the pieces of word w), as the reference's
-    `convert_examples_to_features`."""
+    `convert_examples_to_features`; `answer_ids` (the answer text's pieces) narrow the
+    answer's span to them (`improve_answer_span`)."""
     query = list(query_ids)[:max_query_length]
     pieces, piece_word = [], []
     for w, word in enumerate(word_pieces):
@@ -190,6 +213,8 @@ def featurize(query_ids: Sequence[int], word_pieces: Sequence[Sequence[int]],
                    if answer_words[0] <= w <= answer_words[1]]
         if covered:
             answer_pieces = (covered[0], covered[-1])
+            if answer_ids is not None:
+                answer_pieces = improve_answer_span(pieces, *answer_pieces, answer_ids)
     windows = doc_stride_windows(len(pieces), max_seq_length - len(query) - 3, doc_stride)
     offset = len(query) + 2
     features = []

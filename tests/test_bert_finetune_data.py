@@ -17,7 +17,9 @@ from t5x_like.data.wordpiece import WordPieceVocabulary
 from tests.oracle import run_oracle
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat",
-         "a", "dog", "ran", "far", "away", "who", "where", "did", "go", "##s", "."]
+         "a", "dog", "ran", "far", "away", "who", "where", "did", "go", "##s", ".",
+         "leader", "was", "john", "smith", "(", "1895", "-", "1943", ")", "japan", "##ese",
+         "is", "big"]
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +33,16 @@ CONTEXT = "the cat sat on the mat a dog ran far away"
 BUDGETS, LENGTHS = range(1, 14), range(0, 16)
 # (text a, text b or None, max_seq_length) framed by both sides
 CLASSIFIER_CASES = [("the cat sat", "a dog ran", 16), ("the cat sat on the mat", "dogs ran", 9),
-                    ("the cat sat on the mat .", None, 6)]
+                    ("the cat sat on the mat .", None, 6), ("the cat sat", "", 8)]
+# (context, answer, its character offset): answers inside a longer word or with punctuation
+# (the reference narrows them to their own pieces), and one its offset does not hold (the
+# reference drops the example).
+ANSWER_SPAN_CASES = [
+    ("the leader was john smith (1895-1943).", "1895", 27),
+    ("the leader was john smith (1895-1943).", "smith (1895", 20),
+    ("japanese is big .", "japan", 0),
+    ("the cat sat on the mat.", "dog", 4),
+]
 
 
 def _squad_case(answer, is_training, predict=None, version_2=False):
@@ -57,7 +68,12 @@ def reference(tmp_path_factory):
                                       "cls_id": ids["[CLS]"]}),
             _squad_case(None, False, {"start_id": ids["[CLS]"], "end_id": ids["[CLS]"],
                                       "cls_id": ids["[CLS]"], "null_threshold": 0.0},
-                        version_2=True)]}
+                        version_2=True)] + [
+            {"examples": [{"id": "q", "context": context, "question": "who ran",
+                           "is_impossible": False,
+                           "answers": [{"text": answer, "answer_start": start}]}],
+             "is_training": True, "version_2": False, "max_seq_length": 32, "doc_stride": 128,
+             "max_query_length": 64} for context, answer, start in ANSWER_SPAN_CASES]}
     return run_oracle("bert_finetune", payload)
 
 
@@ -244,7 +260,7 @@ def test_vocabulary_of_another_size_than_the_model_is_refused(tmp_path):
     path.write_text("\n".join(WORDS) + "\n")
     gin.bind_parameter("bert_vocab_path.path", str(path))
     task = input_pipeline.resolve_task("bert_glue_sst2")
-    with pytest.raises(ConfigError, match="21 pieces.*30522 token embeddings"):
+    with pytest.raises(ConfigError, match=f"{len(WORDS)} pieces.*30522 token embeddings"):
         input_pipeline.check_vocabulary(task, 30522)
     input_pipeline.check_vocabulary(task, len(WORDS))
 
@@ -264,3 +280,24 @@ def test_offline_word_order_examples_are_balanced_and_fixed():
     for sentence, label in first:
         if label == 0:  # the same words, in another order
             assert sentence not in originals and len(sentence.split()) >= 6
+
+
+def test_an_empty_second_sentence_frames_a_single_one(vocab, reference):
+    """run_classifier frames an empty text_b as a single sentence (`if tokens_b:`)."""
+    ex = _frame(vocab, {"a": "the cat sat", "b": "", "label": 0}, ("a", "b"), 8)
+    ref = reference["classifier"][3]
+    assert _padded(ex["inputs"].tolist(), 8) == ref["input_ids"]
+    assert _padded(ex["segment_ids"].tolist(), 8) == ref["segment_ids"]
+
+
+@pytest.mark.parametrize("case", range(len(ANSWER_SPAN_CASES)))
+def test_squad_answer_spans_are_the_references(vocab, reference, case):
+    """Answer positions narrowed to the answer's own pieces (run_squad._improve_answer_span),
+    and an answer its offset does not hold dropped (read_squad_examples)."""
+    context, answer, start = ANSWER_SPAN_CASES[case]
+    assert context[start:].startswith(answer) or case == 3
+    _, features = bp.squad_features(vocab, context, "who ran", (answer, start),
+                                    max_seq_length=32, doc_stride=128)
+    ref = reference["squad"][3 + case]
+    assert len(features) == len(ref["features"]) == (0 if case == 3 else 1)
+    _assert_features_equal(features, ref["features"])
