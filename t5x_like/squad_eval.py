@@ -3,9 +3,10 @@ scored, the windows' spans are combined as the reference does (`squad_spans.pred
 starts and ends, j >= i, max answer length, max-context windows, and for v2.0 the null score
 against the threshold tau) and the answer text is scored with SQuAD's EM and F1.
 
-The answer text is the context's original whitespace words that the predicted pieces fall in
-(the reference additionally trims characters inside a word with `get_final_text`; SQuAD's
-normalisation drops the punctuation that usually makes the difference). v1.1 is scored by
+The answer text is the part of the context's original words that the predicted pieces spell
+(`answer_text`: the reference's `get_final_text`, so a span that ends before a word's period
+leaves the period out), and "empty" where no span is valid, as the reference writes. v1.1 is
+scored by
 `metrics.squad` (the official v1.1 script, as the T5 library computes it), v2.0 by
 `metrics.squad_v2` (the official v2.0 script: unanswerable questions, empty answers).
 """
@@ -18,6 +19,7 @@ import gin
 import jax
 import numpy as np
 import seqio
+import tensorflow as tf
 
 from t5x_like import bert_preprocessors, metrics, squad_spans
 from t5x_like.data.wordpiece import WordPieceVocabulary
@@ -52,13 +54,24 @@ def best_answers(model: Any, params: Any, vocab: WordPieceVocabulary,
         scored = [(starts[k + j], ends[k + j], f.valid, f.in_context)
                   for j, f in enumerate(features)]
         span, null_score = squad_spans.best_and_null(scored, n_best, max_answer_length)
-        if span is None:
-            answers.append(("", np.inf))
+        if span is None:  # no valid span: the reference's write_predictions says "empty"
+            answers.append(("empty", np.inf))
         else:
-            answers.append((squad_spans.span_text(words, features[span.window], span),
+            answers.append((answer_text(vocab, words, features[span.window], span),
                             null_score - span.score))
         k += len(features)
     return answers
+
+
+def answer_text(vocab: WordPieceVocabulary, words: list[str], feature: squad_spans.Feature,
+                span: squad_spans.Span) -> str:
+    """The text a span's pieces spell within the context's words (`squad_spans.final_text`)."""
+    original = squad_spans.span_text(words, feature, span)
+    pieces = vocab.pieces
+    predicted = squad_spans.piece_text(
+        [pieces[i] for i in feature.input_ids[span.start:span.end + 1]])
+    basic = vocab.tokenizer.basic_tokenize(tf.constant([original]))[0].numpy()
+    return squad_spans.final_text(predicted, original, [w.decode("utf-8") for w in basic])
 
 
 def predict_answers(model: Any, params: Any, vocab: WordPieceVocabulary,

@@ -30,12 +30,13 @@ def doc_stride_windows(num_tokens: int, max_tokens: int, doc_stride: int) -> lis
     """Windows over `num_tokens` context tokens, each at most `max_tokens` long, starting every
     `doc_stride` tokens until one reaches the end."""
     windows, start = [], 0
-    while True:
+    while num_tokens > 0:  # an empty context has no window (the reference makes none)
         length = min(max_tokens, num_tokens - start)
         windows.append(Window(start, length))
         if start + length >= num_tokens:
             return windows
         start += min(length, doc_stride)
+    return windows
 
 
 def is_max_context(windows: Sequence[Window], index: int, position: int) -> bool:
@@ -241,3 +242,38 @@ def span_text(words: Sequence[str], feature: Feature, span: Span) -> str:
     """The original context words a predicted span covers."""
     first, last = feature.token_to_word[span.start], feature.token_to_word[span.end]
     return " ".join(words[first:last + 1])
+
+
+def piece_text(pieces: Sequence[str]) -> str:
+    """WordPiece strings as text: '##' continuations joined to their word."""
+    text = " ".join(pieces).replace(" ##", "").replace("##", "")
+    return " ".join(text.split())
+
+
+def _without_spaces(text: str) -> tuple[str, list[int]]:
+    """The text without its spaces, and each kept character's index in the text."""
+    kept = [i for i, c in enumerate(text) if c != " "]
+    return "".join(text[i] for i in kept), kept
+
+
+def final_text(predicted: str, original: str, basic_words: Sequence[str]) -> str:
+    """The part of `original` (the context words a span covers) that the predicted pieces'
+    text (`piece_text`) spells, as the reference's `get_final_text` finds it: the prediction
+    is located in the basic-tokenized original (`basic_words`, lower-cased and split at
+    punctuation), and mapped back character for character where the two agree once spaces
+    are dropped, so "mat." becomes "mat" when the span ends before the period. Where the
+    prediction is not found, or normalisation changed the characters (accents stripped),
+    the whole original words."""
+    tokenized = " ".join(basic_words)
+    start = tokenized.find(predicted)
+    if start < 0:
+        return original
+    end = start + len(predicted) - 1
+    original_chars, original_index = _without_spaces(original)
+    tokenized_chars, tokenized_index = _without_spaces(tokenized)
+    if len(original_chars) != len(tokenized_chars):
+        return original
+    position = {index: n for n, index in enumerate(tokenized_index)}
+    if start not in position or end not in position:
+        return original
+    return original[original_index[position[start]]:original_index[position[end]] + 1]

@@ -13,6 +13,7 @@ from tests.oracle import run_oracle
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = [f"w{i}" for i in range(300)]  # one piece each
+PUNCTUATION = [".", ",", "(", ")", "##s"]  # for the contexts whose words split into pieces
 QUESTION = "w1"
 # (context words, max_seq_length, doc_stride): the question is one piece, so each window
 # holds max_seq_length - 1 - 3 context pieces
@@ -42,8 +43,20 @@ def _squad_case(n, length, stride, predict=None):
 @pytest.fixture(scope="module")
 def vocab(tmp_path_factory):
     path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
-    path.write_text("\n".join(SPECIAL + WORDS) + "\n")
+    path.write_text("\n".join(SPECIAL + WORDS + PUNCTUATION) + "\n")
     return WordPieceVocabulary(str(path))
+
+
+PUNCTUATED_SEEDS = range(10, 22)
+
+
+def _punctuated(seed):
+    """A context whose words carry punctuation and '##s' (several pieces a word), so a
+    predicted span can end inside a word."""
+    rng = np.random.default_rng(seed)
+    forms = ("{}", "{}.", "{},", "({})", "{}s", "({}s).")
+    return " ".join(forms[rng.integers(len(forms))].format(WORDS[rng.integers(50)])
+                    for _ in range(30))
 
 
 def _features(vocab, n, length, stride):
@@ -68,7 +81,17 @@ def reference(vocab, tmp_path_factory):
                 "logits": logits, "n_best": n_best, "max_answer_length": max_len,
                 "null_threshold": threshold}))
     windows = squad_spans.doc_stride_windows(300, 128, 64)
-    payload = {"dir": str(tmp_path_factory.mktemp("bert_reference")), "vocab": SPECIAL + WORDS,
+    for seed in PUNCTUATED_SEEDS:
+        features = bert_preprocessors.squad_features(vocab, _punctuated(seed), QUESTION, None,
+                                                     24, 8)[1]
+        logits = [[s.tolist(), e.tolist()] for s, e in _random_logits(features, 24, seed)]
+        squad.append({"examples": [{**_example(0), "context": _punctuated(seed)}],
+                      "is_training": False, "max_seq_length": 24, "doc_stride": 8,
+                      "max_query_length": 64,
+                      "predict": {"logits": logits, "n_best": 20, "max_answer_length": 6}})
+    squad.append({**_squad_case(0, 24, 8), "examples": [{**_example(0), "context": "   "}]})
+    payload = {"dir": str(tmp_path_factory.mktemp("bert_reference")),
+               "vocab": SPECIAL + WORDS + PUNCTUATION,
                "squad": squad, "max_context": [
                    {"spans": [[w.start, w.length] for w in windows], "num_tokens": 300}]}
     return run_oracle("bert_finetune", payload)
@@ -175,3 +198,28 @@ def test_decoding_random_logits_equals_write_predictions(vocab, reference):
             assert answer == ref["predictions"]["q"], (n, seed, threshold)
             if threshold is not None:
                 assert diff == pytest.approx(ref["scores_diff"]["q"], rel=1e-6)
+
+
+def test_answer_text_equals_write_predictions_inside_words(vocab, reference):
+    """Spans that start or end inside a word ("w3." -> "w3", "(w7s)." -> "w7s"): the answer is
+    the part of the words the pieces spell, as the reference's get_final_text cuts it."""
+    from t5x_like import squad_eval
+
+    results = reference["squad"][len(WINDOW_CASES) + len(DECODE_CASES) * len(THRESHOLDS):]
+    cut = 0
+    for seed, ref in zip(PUNCTUATED_SEEDS, results):
+        words, features = bert_preprocessors.squad_features(vocab, _punctuated(seed), QUESTION,
+                                                            None, 24, 8)
+        scored = [(s, e, f.valid, f.in_context)
+                  for (s, e), f in zip(_random_logits(features, 24, seed), features)]
+        span, _ = squad_spans.best_and_null(scored, 20, 6)
+        answer = squad_eval.answer_text(vocab, words, features[span.window], span)
+        assert answer == ref["predictions"]["q"], seed
+        cut += answer != squad_spans.span_text(words, features[span.window], span)
+    assert cut  # some answers end inside a word: the cases test the cut
+
+
+def test_an_empty_context_has_no_window(reference):
+    """A whitespace-only context: no features, on both sides."""
+    assert squad_spans.doc_stride_windows(0, 20, 8) == []
+    assert reference["squad"][-1]["features"] == []
