@@ -1,5 +1,6 @@
-"""BERT's tasks (SPEC.md section 2): pretraining pairs and the paper's fine-tuning benchmarks,
-in BERT's input format (WordPiece, [CLS]/[SEP], segment ids, numeric labels; not text-to-text).
+"""BERT's tasks (Devlin et al., 2018, sections 3.1-3.2 and 4): pretraining pairs and the
+paper's fine-tuning benchmarks, in BERT's input format (WordPiece, [CLS]/[SEP], segment ids,
+numeric labels; not text-to-text).
 
 Pretraining (task feature lengths {"inputs": 128, "targets": 20}, then 512/80):
   bert_offline_pretraining[_wwm]      the offline corpus (no download)

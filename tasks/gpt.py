@@ -1,5 +1,6 @@
-"""GPT-1 fine-tuning tasks (SPEC.md section 3): the paper's input transformations with learned
-start / delimiter / extract tokens, numeric labels (not text-to-text).
+"""GPT-1 fine-tuning tasks (Radford et al., 2018, section 3.3): the paper's input
+transformations with learned start / delimiter / extract tokens, numeric labels (not
+text-to-text).
 
   gpt_glue_{cola,sst2}                      classification
   gpt_glue_{mnli,qnli,rte,wnli}             entailment (premise [delim] hypothesis)

@@ -1,4 +1,4 @@
-"""BERT (Devlin et al., 2018; SPEC.md section 2): a post-LayerNorm Transformer encoder with
+"""BERT (Devlin et al., 2018, section 3): a post-LayerNorm Transformer encoder with
 learned absolute position and segment embeddings, a [CLS] pooler, and the masked-LM and
 next-sentence heads.
 

@@ -1,4 +1,4 @@
-"""Decoder-only Transformer language models: GPT-1 (Radford et al., 2018; SPEC.md section 3)
+"""Decoder-only Transformer language models: GPT-1 (Radford et al., 2018, section 3.1)
 and GPT-2-style pre-LayerNorm, built from the same layers as T5 and BERT.
 
 GPT-1: learned absolute positions, post-LN blocks with biases, GELU, output layer tied to the

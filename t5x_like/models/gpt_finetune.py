@@ -1,4 +1,4 @@
-"""GPT-1 fine-tuning (Radford et al., 2018, section 3.2-3.3; SPEC.md section 3): a linear head
+"""GPT-1 fine-tuning (Radford et al., 2018, sections 3.2-3.3): a linear head
 on the final state of the learned extract token, trained with the auxiliary LM loss.
 
 Inputs come framed by `gpt_preprocessors` with the start / delimiter / extract tokens (embedding

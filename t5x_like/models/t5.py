@@ -1,4 +1,5 @@
-"""The T5 encoder-decoder network (SPEC.md section 1), v1.0 and v1.1 from one module.
+"""The T5 encoder-decoder network (Raffel et al., 2020, section 3.1.1), v1.0 and v1.1 from
+one module.
 
 Parameter names follow t5x (`token_embedder`, `encoder/layers_0/attention/query`, ...), so the
 tree reads the same as the checkpoints users already know.
