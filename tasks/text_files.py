@@ -17,6 +17,7 @@ the run's config, through `LazySource`:
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import os
@@ -295,10 +296,7 @@ def text_corpus_source(train_files: str | Sequence[str] | None = None,
     return files_source(splits, text_key)
 
 
-_SAID: set[str] = set()
-
-
+@functools.lru_cache(maxsize=None)
 def _say_once(message: str) -> None:
-    if message not in _SAID:
-        _SAID.add(message)
-        print(f"t5x_like: {message}", flush=True)
+    """Print a notice once per process (a LazySource resolves its source on every access)."""
+    print(f"t5x_like: {message}", flush=True)
