@@ -6,6 +6,9 @@ examples as the reference task (tests/test_reference_objectives.py checks every 
 
     select_random_chunk -> reduce_concat_tokens -> split_tokens(568) -> denoise(random spans)
 
+and the two language-modelling pipelines: `language_model` (`objectives/lm.gin`, Table 2's LM
+objective) and `full_language_model` (`full_lm`, EOS at each document's end).
+
 Randomness comes from seqio's per-call seeds (`seqio.map_over_dataset(num_seeds=...)`): each
 seeded step takes the next seed from `seqio.utils.map_seed_manager`, so a pipeline built with a
 fixed seed is reproducible, and one that consumes seeds in another order is a different stream.
@@ -190,6 +193,27 @@ def split_tokens(dataset: tf.data.Dataset, max_tokens_per_segment: int,
     dataset = dataset.filter(lambda x: tf.not_equal(tf.size(x[feature_key]), 0))
     return segments(dataset).flat_map(lambda pieces: pieces).map(
         lambda piece, length: {feature_key: piece[:length]}, num_parallel_calls=AUTOTUNE)
+
+
+def language_model(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
+                   output_features: Mapping[str, seqio.Feature]) -> tf.data.Dataset:
+    """The T5 library's LM objective (`objectives/lm.gin`; section 3.2.3's decoder-only "LM"
+    rows of Table 2): documents concatenated with no separator, cut into targets-length rows.
+
+    Follow with `append_eos_after_trim`: each row gets an EOS (room is left for it), which
+    falls wherever the cut falls, not at a document's end."""
+    length = sequence_length["targets"] - int(output_features["targets"].add_eos)
+    dataset = reduce_concat_tokens(select_random_chunk(dataset))
+    return split_tokens(dataset, length)
+
+
+def full_language_model(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
+                        output_features: Mapping[str, seqio.Feature]) -> tf.data.Dataset:
+    """The T5 library's `full_lm` (task `c4_v220_full_lm`): each document ends in EOS before
+    documents are concatenated and cut into targets-length rows, so EOS marks real document
+    ends (what a GPT-style model needs to learn to stop). No later EOS step."""
+    dataset = seqio.preprocessors.append_eos(select_random_chunk(dataset), output_features)
+    return split_tokens(reduce_concat_tokens(dataset), sequence_length["targets"])
 
 
 NoiseMaskFn = Callable[[tf.Tensor, float, tf.Tensor], tf.Tensor]

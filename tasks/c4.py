@@ -41,7 +41,7 @@ def c4_source() -> seqio.DataSource:
 C4_TASKS = pretraining.register_objectives(
     "c4_v220", source=text_files.LazySource(c4_source), vocabulary=c4_vocabulary())
 
-# Plain language modelling on C4 (GPT's objective; the T5 paper's "LM" rows of Table 2 for the
-# decoder-only language model): documents as targets, loss on every token.
-C4_LM_TASK = pretraining.register_language_model(
-    "c4_v220_lm", source=text_files.LazySource(c4_source), vocabulary=c4_vocabulary())
+# Plain language modelling on C4: `c4_v220_lm` (the T5 paper's "LM" rows of Table 2 for the
+# decoder-only language model) and `c4_v220_full_lm` (EOS at each document's end; GPT).
+C4_LM_TASKS = pretraining.register_language_models(
+    "c4_v220", source=text_files.LazySource(c4_source), vocabulary=c4_vocabulary())

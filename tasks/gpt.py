@@ -12,7 +12,7 @@ text-to-text).
                                             evaluated on the test set, as the paper)
   gpt_offline_word_order                    offline: original (1) or shuffled (0) word order
 
-Vocabulary: the C4 SentencePiece vocabulary (that of `c4_v220_lm`, the GPT pretraining task
+Vocabulary: the C4 SentencePiece vocabulary (that of `c4_v220_full_lm`, the GPT pretraining task
 on C4) for the benchmarks, the offline vocabulary for the offline task. `NUM_LABELS` and
 `COMBINE` say what head each task needs (`GPTClassifierModel.num_labels` / `.combine`); the
 trainer checks them.

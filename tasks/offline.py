@@ -36,8 +36,9 @@ def _read_split(split: str, shuffle_files: bool, seed: int | None = None) -> tf.
 OFFLINE_SOURCE = seqio.FunctionDataSource(_read_split, splits=("train", "validation"))
 
 OFFLINE_TASKS = pretraining.register_objectives("offline", OFFLINE_SOURCE, OfflineVocabulary())
-# Causal language modelling on the same prose, for decoder-only models.
-pretraining.register_language_model("offline_lm", OFFLINE_SOURCE, OfflineVocabulary())
+# Causal language modelling on the same prose, for decoder-only models: `offline_lm` and
+# `offline_full_lm` (EOS at each document's end).
+pretraining.register_language_models("offline", OFFLINE_SOURCE, OfflineVocabulary())
 
 
 @seqio.map_over_dataset

@@ -69,28 +69,36 @@ def register_objectives(prefix: str, source: seqio.DataSource, vocabulary: seqio
     return list(settings)
 
 
-def split_to_rows(dataset, sequence_length: Mapping[str, int] | None = None,
-                  default_row_length: int = 512):
-    """Cut documents into pieces that fill a row of `sequence_length['targets']` with EOS
-    (`default_row_length` when no lengths are given), so no text is trimmed away."""
-    length = (sequence_length or {}).get("targets") or default_row_length
-    return preprocessors.split_tokens(dataset, max_tokens_per_segment=length - 1)
+LANGUAGE_MODELS = {
+    # suffix: (pipeline, its EOS step after it)
+    "lm": (preprocessors.language_model, [seqio.preprocessors.append_eos_after_trim]),
+    "full_lm": (preprocessors.full_language_model, []),
+}
 
 
-def register_language_model(name: str, source: seqio.DataSource,
-                            vocabulary: seqio.Vocabulary, text_key: str = "text") -> seqio.Task:
-    """A plain language-modelling task: documents as `targets` only, cut into pieces that fit
-    a row (a decoder-only model with seqio's DecoderFeatureConverter predicts every token)."""
-    return seqio.TaskRegistry.add(
-        name,
-        source=source,
-        preprocessors=[
-            functools.partial(seqio.preprocessors.rekey, key_map={"targets": text_key}),
-            seqio.preprocessors.tokenize,
-            seqio.CacheDatasetPlaceholder(),
-            split_to_rows,
-            seqio.preprocessors.append_eos_after_trim,
-        ],
-        output_features={"targets": output_features(vocabulary)["targets"]},
-        metric_fns=[],
-    )
+def register_language_models(prefix: str, source: seqio.DataSource,
+                             vocabulary: seqio.Vocabulary, text_key: str = "text") -> list[str]:
+    """Plain language modelling on `source`, `targets` only (a decoder-only model with seqio's
+    DecoderFeatureConverter predicts every token), in the T5 library's two forms:
+
+      {prefix}_lm       documents run together, EOS where each row is cut (`lm.gin`: Table 2's
+                        LM objective for the decoder-only language model)
+      {prefix}_full_lm  EOS at each document's end (`c4_v220_full_lm`; GPT pretraining)
+    """
+    names = []
+    for suffix, (pipeline, eos_steps) in LANGUAGE_MODELS.items():
+        names.append(f"{prefix}_{suffix}")
+        seqio.TaskRegistry.add(
+            names[-1],
+            source=source,
+            preprocessors=[
+                functools.partial(seqio.preprocessors.rekey, key_map={"targets": text_key}),
+                seqio.preprocessors.tokenize,
+                seqio.CacheDatasetPlaceholder(),
+                pipeline,
+                *eos_steps,
+            ],
+            output_features={"targets": output_features(vocabulary)["targets"]},
+            metric_fns=[],
+        )
+    return names

@@ -1,9 +1,9 @@
 """Every section 3.3 objective gives the T5 library's examples, token for token.
 
 Reference: the T5 library (t5 0.9.4), run in its own process (tests/oracles/t5_objectives.py):
-its registered tasks `c4_v220_span_corruption`, `c4_v220_prefix_lm` and `c4_v220_iid_denoising`,
-and for the other objectives the pipeline of the objective's gin file
-(t5/models/gin/objectives/*.gin). Both sides read the same tiny real TFDS C4 (the reference's
+its registered tasks `c4_v220_span_corruption`, `c4_v220_prefix_lm`, `c4_v220_iid_denoising` and
+`c4_v220_full_lm`, and for the other objectives the pipeline of the objective's gin file
+(t5/models/gin/objectives/*.gin; `lm.gin` for the decoder-only LM objective). Both sides read the same tiny real TFDS C4 (the reference's
 c4/en:2.2.0, ours c4/en:3.1.0, with identical documents), tokenize with the same SentencePiece
 model and take the same seed, so equal lists of (inputs, targets) mean the same pretraining
 stream: the same chunks, concatenation, splits, noise, random tokens and sentinels.
@@ -38,7 +38,13 @@ CASES = {
     "c4_v220_random_spans_mean5": ({"gin": "span_5_15_u_u.gin"}, 64),
     "c4_v220_random_spans_mean10": ({"gin": "span_10_15_u_u.gin"}, 64),
 }
+# the language-modelling tasks (targets only) -> the reference's, at targets length 64
+LM_CASES = {
+    "c4_v220_lm": {"gin": "lm.gin"},
+    "c4_v220_full_lm": {"task": "c4_v220_full_lm"},
+}
 SEEDS = (0, 7)
+NUM_TRAIN_DOCUMENTS = 24
 
 
 def _settings(task_name: str) -> tuple[str, float, float]:
@@ -65,22 +71,26 @@ def streams(tmp_path_factory):
 
     data_dir = str(tmp_path_factory.mktemp("tfds"))
     for version in ("2.2.0", "3.1.0"):
-        build_tiny_c4(data_dir, version, num_train=24, num_validation=2)
+        build_tiny_c4(data_dir, version, num_train=NUM_TRAIN_DOCUMENTS, num_validation=2)
     spm_path = offline.offline_corpus.ensure_vocabulary()
     vocabulary = seqio.SentencePieceVocabulary(spm_path, extra_ids=c4.NUM_SENTINELS)
     loader = c4.C4_TFDS_SOURCE.tfds_dataset
     loader.override_data_dir(data_dir)
     ours, cases = {}, []
-    for name, (reference, inputs_length) in CASES.items():
-        lengths = _lengths(name, inputs_length)
+    features = pretraining.output_features(vocabulary)
+    all_cases = {**{name: (reference, _lengths(name, inputs_length), features)
+                    for name, (reference, inputs_length) in CASES.items()},
+                 **{name: (reference, {"targets": 64}, {"targets": features["targets"]})
+                    for name, reference in LM_CASES.items()}}
+    for name, (reference, lengths, output_features) in all_cases.items():
         task = seqio.get_mixture_or_task(name).replace(
             name=f"reference_check_{name}", source=c4.C4_TFDS_SOURCE,
-            output_features=pretraining.output_features(vocabulary))
+            output_features=output_features)
         for seed in SEEDS:
             key = f"{name}@{seed}"
             ds = task.get_dataset(lengths, split="train", shuffle=False, seed=seed,
                                   use_cached=False)
-            ours[key] = [{k: ex[k].tolist() for k in ("inputs", "targets")}
+            ours[key] = [{k: ex[k].tolist() for k in ("inputs", "targets") if k in ex}
                          for ex in ds.as_numpy_iterator()]
             cases.append({"name": key, **reference, "sequence_length": lengths, "seed": seed})
     theirs = run_oracle("t5_objectives", {"spm_path": spm_path, "data_dir": data_dir,
@@ -88,7 +98,7 @@ def streams(tmp_path_factory):
     return ours, theirs, vocabulary
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", [*CASES, *LM_CASES])
 @pytest.mark.parametrize("seed", SEEDS)
 def test_task_equals_the_reference_stream(streams, name, seed):
     ours, theirs, _ = streams
@@ -103,6 +113,17 @@ def test_seeds_give_different_streams(streams):
     """The comparison is not vacuous: the seed changes the corruption."""
     ours, _, _ = streams
     assert ours["c4_v220_span_corruption@0"] != ours["c4_v220_span_corruption@7"]
+
+
+def test_the_two_language_models_differ_where_documents_end(streams):
+    """`lm` rows run documents together with one EOS each, at the cut; `full_lm` has one EOS
+    at each document's end: as many as the tiny C4's 24 training documents."""
+    ours, _, vocabulary = streams
+    eos = vocabulary.eos_id
+    lm, full = ours["c4_v220_lm@0"], ours["c4_v220_full_lm@0"]
+    assert all(ex["targets"].count(eos) == 1 and ex["targets"][-1] == eos for ex in lm)
+    assert sum(ex["targets"].count(eos) for ex in full) == NUM_TRAIN_DOCUMENTS
+    assert full[-1]["targets"][-1] == eos
 
 
 def test_the_rate50_case_runs_past_the_sentinels(streams):

@@ -1,12 +1,13 @@
 """Oracle: the T5 library's (t5 0.9.4) pretraining examples for a C4 source and a seed.
 
 Either a task the library registers (`c4_v220_span_corruption`, `c4_v220_prefix_lm`,
-`c4_v220_iid_denoising`) or the pipeline one of its objective gin files
+`c4_v220_iid_denoising`, `c4_v220_full_lm`) or the pipeline one of its objective gin files
 (t5/models/gin/objectives/*.gin) configures for `preprocessors.unsupervised`, on TFDS
 c4/en:2.2.0 in the payload's data_dir, with the payload's SentencePiece model in place of the
 default (remote) vocabulary.
 """
 
+import dataclasses
 import functools
 import os
 
@@ -30,10 +31,15 @@ def compute(payload):
         gin.clear_config()
         if "task" in case:
             task = seqio.get_mixture_or_task(case["task"])
+            # `c4_v220_full_lm` reads its own (remote) vocabulary file: use the payload's.
+            task = task.replace(output_features={
+                k: dataclasses.replace(f, vocabulary=vocabulary)
+                for k, f in task.output_features.items()})
         else:
             gin.add_config_file_search_path(gin_dir)
             # span.gin fixes its inputs length as a macro (512); bind the case's.
-            bindings = [f"inputs_length = {case['sequence_length']['inputs']}"]
+            inputs_length = case["sequence_length"].get("inputs")
+            bindings = [f"inputs_length = {inputs_length}"] if inputs_length else []
             gin.parse_config_files_and_bindings([f"objectives/{case['gin']}"], bindings,
                                                 skip_unknown=True)
             task = seqio.Task(
@@ -50,7 +56,7 @@ def compute(payload):
                 output_features=t5_tasks.DEFAULT_OUTPUT_FEATURES, metric_fns=[])
         ds = task.get_dataset(case["sequence_length"], split="train", shuffle=False,
                               seed=case["seed"], use_cached=False)
-        results[case["name"]] = [{k: ex[k].tolist() for k in ("inputs", "targets")}
+        results[case["name"]] = [{k: ex[k].tolist() for k in ("inputs", "targets") if k in ex}
                                  for ex in ds.as_numpy_iterator()]
     return results
 
