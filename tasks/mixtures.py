@@ -71,7 +71,7 @@ SUPER_GLUE_TASKS = [t for t, w in SUPER_GLUE_WEIGHTS.items() if w > 0]
 EVAL_ONLY_TASKS = [t for weights in (GLUE_WEIGHTS, SUPER_GLUE_WEIGHTS)
                    for t, w in weights.items() if w == 0]
 SUPERVISED_TASKS = GLUE_TASKS + SUPER_GLUE_TASKS + [
-    "squad_v010_allanswers", "cnn_dailymail_v002", "wmt_t2t_ende_v003", "wmt14_enfr_v003",
+    "squad_v010_allanswers", "cnn_dailymail_v002", "wmt_t2t_ende_v003", "wmt15_enfr_v003",
     "wmt16_enro_v003"]
 ALL_TASKS = ["c4_v220_span_corruption"] + SUPERVISED_TASKS
 LIMITS = tuple(2**p for p in range(16, 22))

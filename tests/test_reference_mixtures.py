@@ -88,7 +88,8 @@ def reference(data_dir) -> dict:
 
     return run_oracle("t5_mixtures", {"spm_path": offline_corpus.vocabulary_path(),
                                       "data_dir": data_dir, "mixtures": list(MIXTURES),
-                                      "splits": list(EVAL_SPLITS)})
+                                      "splits": list(EVAL_SPLITS),
+                                      "member_names": ["all_mix"]})
 
 
 @pytest.mark.parametrize("name", MIXTURES)
@@ -112,6 +113,16 @@ def test_evaluated_tasks_equal_the_reference(data_dir, reference, name, split):
     """What training's periodic evaluation and `python -m t5x_like.eval` score."""
     assert sorted(evaluation.evaluable_tasks(name, split)) == (
         reference[name]["evaluated"][split])
+
+
+def test_all_mix_trains_the_reference_all_mix_tasks(reference):
+    """Section 3.5.2's multi-task mixtures (ours: one per K or T) hold the reference
+    `all_mix`'s members, WMT 2015 En-Fr and the zero-rate eval tasks included; the C4 task is
+    the reference's `c4_v020_unsupervised` under the span-corruption objective."""
+    for name in ("all_mix_proportional_k524288", "all_mix_temperature2", "all_mix_equal"):
+        ours = {t.name for t in seqio.get_mixture_or_task(name).tasks}
+        theirs = set(reference["members"]["all_mix"])
+        assert ours - {"c4_v220_span_corruption"} == theirs - {"c4_v020_unsupervised"}
 
 
 def test_glue_and_super_glue_evaluate_mnli_wsc_and_dpr(data_dir, reference):

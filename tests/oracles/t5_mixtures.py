@@ -35,6 +35,9 @@ def compute(payload: dict) -> dict:
             "evaluated": {split: sorted(t.name for t in seqio.evaluation.get_valid_eval_tasks(
                 seqio.get_subtasks(mixture), split)) for split in payload["splits"]},
         }
+    # Members only (their rates need every dataset prepared).
+    out["members"] = {name: sorted(t.name for t in seqio.get_mixture_or_task(name).tasks)
+                      for name in payload.get("member_names", [])}
     return out
 
 
