@@ -12,6 +12,10 @@ Two rule sets, because the paper's prose and the code that built C4 (TensorFlow 
 `c4.py` / `c4_utils.py`) differ in places:
 
 `--rules tfds` (default): what built C4, in its order.
+  (read) the text as TFDS's WET reader leaves it: lines split at \n, \r\n or \r and
+                           stripped; empty lines and lines starting with "WARC", "CONTENT-"
+                           or "Content-" (WET metadata) dropped
+  page  empty_page         nothing left
   page  too_long_page      text over 190,000 characters
   page  duplicate_url      pages of one URL (scheme, www., utm_/ref/feed queries, trailing /
                            ignored) but the newest by timestamp
@@ -74,6 +78,7 @@ TFDS_CITATION = re.compile(r"\[\d*\]|\[edit\]|\[citation needed\]")
 PAPER_CITATION = re.compile(TFDS_CITATION.pattern, re.IGNORECASE)
 SENTENCE_END = re.compile(r"(?<=[.!?])[\"'”]?\s+")
 RULES = ("tfds", "paper")
+WET_METADATA_PREFIXES = ("WARC", "CONTENT-", "Content-")
 
 LanguageFilter = Callable[[str], bool]
 SentenceSplitter = Callable[[str], Sequence[str]]
@@ -146,6 +151,12 @@ def normalize_url(url: str) -> str:
     return url.rstrip("/")
 
 
+def wet_text(text: str) -> str:
+    """A page's text as TFDS's `split_wet_file` reads it from a WET file (module docstring)."""
+    lines = (line.strip() for line in re.split(r"\r\n|\r|\n", text))
+    return "\n".join(l for l in lines if l and not l.startswith(WET_METADATA_PREFIXES))
+
+
 def _md5(text: str) -> str:
     return hashlib.md5(text.encode("utf-8")).hexdigest()
 
@@ -161,10 +172,10 @@ def langdetect_english(threshold: float = 0.99) -> LanguageFilter:
 
     def is_english(text: str) -> bool:
         try:
-            return any(l.lang == "en" and l.prob >= threshold
-                       for l in langdetect.detect_langs(text))
+            best = langdetect.detect_langs(text)[:1]  # TFDS reads the top prediction only
         except langdetect.LangDetectException:
             return False
+        return bool(best) and best[0].lang == "en" and best[0].prob >= threshold
 
     return is_english
 
@@ -245,6 +256,10 @@ class C4Cleaner(_Cleaner):
             if not page.url:
                 raise ValueError("C4's rules de-duplicate pages by URL: give every page a url "
                                  f"(page {self.report.pages_in} has none).")
+            page = Page(wet_text(page.text), page.url, str(page.timestamp or ""))
+            if not page.text:
+                self._remove("empty_page")
+                continue
             if len(page.text) > MAX_PAGE_CHARACTERS:
                 self._remove("too_long_page")
                 continue
