@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import zlib
 from typing import Any
 
 
@@ -106,6 +107,22 @@ def file_sizes(root: str) -> dict[str, int]:
             path = os.path.join(directory, name)
             sizes[os.path.relpath(path, root)] = _tf().io.gfile.stat(path).length
     return sizes
+
+
+def file_crc32(path: str, chunk_bytes: int = 16 << 20) -> int:
+    """CRC-32 of a file's bytes, read in chunks (checkpoint files can be gigabytes)."""
+    crc = 0
+    with _tf().io.gfile.GFile(path, "rb") as f:
+        while chunk := f.read(chunk_bytes):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def file_digests(root: str) -> dict[str, dict[str, int]]:
+    """{path relative to `root`: {"size", "crc32"}} of every file under `root`: what a later
+    reader compares to tell a damaged file (same size, other bytes) from the one written."""
+    return {name: {"size": size, "crc32": file_crc32(os.path.join(root, name))}
+            for name, size in file_sizes(root).items()}
 
 
 def listdir(path: str) -> list[str]:

@@ -173,11 +173,14 @@ def train(
     abstract = trainer.abstract_state(model, tx, layout)
     checkpointer = trainer.Checkpointer(model_dir, keep_checkpoints)
     start_step = checkpointer.latest_step() or 0
+    resuming = (f"Resuming from step {start_step}, the newest complete checkpoint."
+                if start_step else "There is no complete checkpoint: starting afresh.")
     for leftover in checkpointer.interrupted_saves:
         _log(f"Ignoring {leftover} in {checkpointer.directory}: a save that was interrupted "
-             "before it completed (removed now). "
-             + (f"Resuming from step {start_step}, the newest complete checkpoint."
-                if start_step else "There is no complete checkpoint: starting afresh."))
+             f"before it completed (removed now). {resuming}")
+    for step in checkpointer.unverified_saves:
+        _log(f"Ignoring step {step} in {checkpointer.directory}: it has no manifest (the run "
+             f"stopped before it was written), so it cannot be checked (removed now). {resuming}")
     if start_step:
         _check_resume_config(checkpointer, cfg)
     elif init_checkpoint:

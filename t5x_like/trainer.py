@@ -238,12 +238,22 @@ class Checkpointer:
     Crash safety: saves are asynchronous, and orbax writes each step to a temporary directory
     that is renamed (or, on buckets, marked committed) only when complete, so a run killed
     mid-save leaves nothing a restore would pick up; the leftover is reported
-    (`interrupted_saves`) and removed. Once a step is complete a manifest of its files' sizes
-    is written beside it, so a truncated or missing file is named before any array is read.
+    (`interrupted_saves`) and removed. Each step carries a manifest of its files' sizes and
+    CRC-32s, written into it just before orbax commits it, so no committed step lacks one. (A
+    step without one newer than the newest step with one, as older versions of this code could
+    leave, is reported in `unverified_saves` and removed like an interrupted save; the run
+    resumes from the newest verified step, and the same batches follow.) A restore checks every file against the manifest first, so a
+    truncated, missing or altered file is named before any array is read, and a damaged step
+    is never trained on.
+
+    Pruning (`keep`) counts verified steps only, and runs after a newer step is verified: an
+    intact step is never deleted while the steps that would replace it are unchecked.
     """
 
     MANIFEST = "t5x_like_manifest.json"
     _TMP_MARKER = ".orbax-checkpoint-tmp"
+    # orbax's own bookkeeping, which its commit updates after the manifest is written.
+    _REWRITTEN_AT_COMMIT = ("_CHECKPOINT_METADATA", "commit_success.txt")
 
     def __init__(self, model_dir: str, keep: int | None) -> None:
         self.directory = os.path.join(storage.resolve(model_dir), "checkpoints")
@@ -251,11 +261,31 @@ class Checkpointer:
         self.interrupted_saves = sorted(
             name.rstrip("/") for name in storage.listdir(self.directory)
             if self._TMP_MARKER in name)
+        self.keep = keep
+        self._saving: int | None = None  # the step whose save is in flight
+        self._manifest_error: BaseException | None = None
         self.manager = params_io.orbax_manager(
-            self.directory, max_to_keep=keep, create=True, enable_async_checkpointing=True,
-            cleanup_tmp_directories=True)
-        self._unmanifested: int | None = None
-        self._checked: set[int] = set()  # steps whose manifest was verified (once per step)
+            self.directory, max_to_keep=None, create=True, enable_async_checkpointing=True,
+            cleanup_tmp_directories=True,
+            async_options=ocp.AsyncOptions(post_finalization_callback=self._write_manifest))
+        self._checked: set[int] = set()  # steps verified against their manifest
+        self.unverified_saves = self._remove_unverified_steps()
+
+    def _step_dir(self, step: int) -> str:
+        return os.path.join(self.directory, str(step))
+
+    def _has_manifest(self, step: int) -> bool:
+        return storage.exists(os.path.join(self._step_dir(step), self.MANIFEST))
+
+    def _remove_unverified_steps(self) -> list[int]:
+        """Steps committed by orbax but cut off before their manifest (newer than the newest
+        verified step; a directory with no manifest at all predates manifests and is kept)."""
+        steps = self.steps()
+        verified = [s for s in steps if self._has_manifest(s)]
+        unverified = [s for s in steps if verified and s > verified[-1]]
+        for step in unverified:
+            self.manager.delete(step)
+        return unverified
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -268,45 +298,88 @@ class Checkpointer:
         the run (`restore_record`)."""
         self._finish_previous_save()
         step = int(state.step)
+        self._saving = step
         self.manager.save(step, force=True, args=ocp.args.Composite(
             params=ocp.args.StandardSave(state.params),
             opt_state=ocp.args.StandardSave(state.opt_state),
             config=ocp.args.JsonSave(config.to_json()),
             run=ocp.args.JsonSave(dict(record or {}))))
-        self._unmanifested = step
+
+    def _write_manifest(self) -> None:
+        """orbax's post-finalization callback, in its background thread, which orbax runs after
+        every file of the step is written and before it commits the step (renames the
+        temporary directory, or writes the bucket's commit file): the manifest of sizes and
+        CRC-32s lands in the step as part of its commit. A failure is raised in the main
+        thread at the next save."""
+        step = self._saving
+        try:
+            if step is not None and jax.process_index() == 0:
+                step_dir = self._uncommitted_dir(step)
+                digests = {name: entry for name, entry in storage.file_digests(step_dir).items()
+                           if os.path.basename(name) not in self._REWRITTEN_AT_COMMIT}
+                storage.write_text(os.path.join(step_dir, self.MANIFEST),
+                                   json.dumps({"step": step, "files": digests}))
+        except BaseException as e:  # noqa: BLE001 - reported by _finish_previous_save
+            self._manifest_error = e
+
+    def _uncommitted_dir(self, step: int) -> str:
+        """Where orbax is writing `step` before its commit: `<step>.orbax-checkpoint-tmp-*`
+        on disk, the step's own directory on a bucket (committed by a marker file)."""
+        pending = [name.rstrip("/") for name in storage.listdir(self.directory)
+                   if name.startswith(f"{step}{self._TMP_MARKER}")]
+        return os.path.join(self.directory, pending[0]) if pending else self._step_dir(step)
 
     def _finish_previous_save(self) -> None:
-        """Wait for the save in flight (orbax would before starting the next one anyway) and
-        write its manifest."""
+        """Wait for the save in flight (orbax would before starting the next one anyway), then
+        prune: the step just saved is verified, so older ones may go."""
         self.manager.wait_until_finished()
-        step, self._unmanifested = self._unmanifested, None
-        step_dir = os.path.join(self.directory, str(step))
-        if step is None or jax.process_index() or not storage.exists(step_dir):
-            return  # (another process writes it; or max_to_keep already removed the step)
-        storage.write_text(os.path.join(step_dir, self.MANIFEST),
-                           json.dumps({"step": step, "files": storage.file_sizes(step_dir)}))
+        error, self._manifest_error = self._manifest_error, None
+        if error is not None:
+            raise CheckpointUnreadable(
+                f"The checkpoint of step {self._saving} was written but its manifest could "
+                f"not be ({type(error).__name__}: {error}); the step would not be trusted on "
+                f"resume. Check that {self.directory} is writable and has space.") from error
+        self._prune()
+
+    def _prune(self) -> None:
+        if not self.keep:
+            return
+        verified = [s for s in self.steps() if self._has_manifest(s)]
+        for step in verified[:-self.keep]:
+            self.manager.delete(step)
 
     def check_complete(self, step: int) -> None:
-        """Every file the manifest lists exists with its size; raises CheckpointUnreadable
-        naming the first that does not. (Steps saved without a manifest are not checked.)"""
+        """Every file the manifest lists exists with its size and CRC-32; raises
+        CheckpointUnreadable naming the first that does not. (Steps saved before manifests
+        existed are not checked; manifests from before checksums check sizes.)"""
         if step in self._checked:
             return
-        step_dir = os.path.join(self.directory, str(step))
+        step_dir = self._step_dir(step)
         manifest = os.path.join(step_dir, self.MANIFEST)
         if not storage.exists(manifest):
             return
+        try:
+            listed = json.loads(storage.read_text(manifest))["files"]
+            listed = {name: entry if isinstance(entry, dict) else {"size": int(entry)}
+                      for name, entry in listed.items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            self._unreadable(step, manifest, f"the manifest is not readable ({e})")
         actual = storage.file_sizes(step_dir)
-        for name, size in json.loads(storage.read_text(manifest))["files"].items():
+        for name, entry in listed.items():
+            path = os.path.join(step_dir, name)
             if name not in actual:
-                self._unreadable(step, os.path.join(step_dir, name), "the file is missing")
-            if actual[name] != size:
-                self._unreadable(step, os.path.join(step_dir, name),
-                                 f"{actual[name]:,} bytes where {size:,} were written")
+                self._unreadable(step, path, "the file is missing")
+            if actual[name] != entry["size"]:
+                self._unreadable(step, path,
+                                 f"{actual[name]:,} bytes where {entry['size']:,} were written")
+            if "crc32" in entry and storage.file_crc32(path) != entry["crc32"]:
+                self._unreadable(step, path, "its bytes differ from those written (CRC-32 "
+                                 "mismatch: the file was altered or corrupted on disk)")
         self._checked.add(step)
 
     def _unreadable(self, step: int, path: str, why: str) -> None:
         earlier = [s for s in self.steps() if s < step]
-        hint = (f"Move {os.path.join(self.directory, str(step))} aside and rerun to resume "
+        hint = (f"Move {self._step_dir(step)} aside and rerun to resume "
                 f"from step {earlier[-1]}, the newest earlier checkpoint."
                 if earlier else "No earlier checkpoint is left: start a new MODEL_DIR.")
         raise CheckpointUnreadable(f"The checkpoint of step {step} is damaged: {path}: {why}. "

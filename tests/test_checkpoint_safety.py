@@ -57,11 +57,23 @@ def test_an_interrupted_save_is_ignored_reported_and_removed(finished_run, tmp_p
     assert "5" in left and not any("tmp" in name for name in left), left
 
 
-@pytest.mark.parametrize("damage", ["truncated", "missing", "garbled config"])
+def _flip_bytes(path, count=8):
+    """Same size, other bytes: what a bad disk or a stray write leaves."""
+    with open(path, "r+b") as f:
+        data = bytearray(f.read())
+        for i in range(len(data) // 2, len(data) // 2 + count):
+            data[i] ^= 0xFF
+        f.seek(0)
+        f.write(data)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "missing", "garbled config", "flipped params",
+                                    "flipped opt_state", "garbage manifest"])
 def test_a_damaged_checkpoint_is_an_error_naming_the_step_and_the_file(
         damage, finished_run, tmp_path, capsys):
     model_dir = _copy(finished_run, tmp_path)
     step_dir = model_dir / "checkpoints" / "4"
+    config_gin = (model_dir / "config.gin").read_text()
     if damage == "truncated":
         victim = max(glob.glob(f"{step_dir}/params/**/d/*", recursive=True), key=os.path.getsize)
         with open(victim, "r+b") as f:
@@ -71,19 +83,61 @@ def test_a_damaged_checkpoint_is_an_error_naming_the_step_and_the_file(
         victim = glob.glob(f"{step_dir}/opt_state/**/d/*", recursive=True)[0]
         os.remove(victim)
         why = "the file is missing"
-    else:  # same size, other bytes: only the reader can tell
-        victim = f"{step_dir}/config/metadata"
-        size = os.path.getsize(victim)
-        with open(victim, "wb") as f:
-            f.write(b"{" * size)
-        why = "JSONDecodeError"
+    elif damage == "garbage manifest":
+        victim = f"{step_dir}/t5x_like_manifest.json"
+        with open(victim, "w") as f:
+            f.write("not json {")
+        why = "the manifest is not readable"
+    else:  # same size, other bytes: only the checksum can tell
+        item = {"garbled config": "config", "flipped params": "params",
+                "flipped opt_state": "opt_state"}[damage]
+        victim = max((p for p in glob.glob(f"{step_dir}/{item}/**/*", recursive=True)
+                      if os.path.isfile(p)), key=os.path.getsize)
+        _flip_bytes(victim)
+        why = "CRC-32 mismatch"
     assert _run(model_dir, 6) == 2
     err = capsys.readouterr().err
-    assert f"The checkpoint of step 4 is damaged: {step_dir}/" in err and why in err
-    if damage != "garbled config":
-        assert victim in err
+    assert f"The checkpoint of step 4 is damaged: {victim}: " in err and why in err
     assert f"Move {step_dir} aside and rerun to resume from step 2" in err
-    assert sorted(os.listdir(model_dir / "checkpoints")) == ["2", "4"]  # nothing written
+    # Refused before anything was written: no step trained, pruned or saved, config kept.
+    assert sorted(os.listdir(model_dir / "checkpoints")) == ["2", "4"]
+    assert (model_dir / "config.gin").read_text() == config_gin
+
+
+def test_every_committed_step_carries_its_manifest_with_checksums(finished_run):
+    """The manifest is written into the step before orbax commits it; it lists every file
+    with its size and CRC-32 (zlib's, recomputed here), orbax's commit-time bookkeeping
+    aside."""
+    import zlib
+
+    step_dir = finished_run / "checkpoints" / "4"
+    files = json.loads((step_dir / "t5x_like_manifest.json").read_text())["files"]
+    on_disk = {os.path.relpath(p, step_dir) for p in glob.glob(f"{step_dir}/**/*", recursive=True)
+               if os.path.isfile(p)
+               and os.path.basename(p) not in ("_CHECKPOINT_METADATA", "commit_success.txt")}
+    assert set(files) == on_disk - {"t5x_like_manifest.json"}
+    for name, entry in files.items():
+        data = (step_dir / name).read_bytes()
+        assert entry == {"size": len(data), "crc32": zlib.crc32(data)}
+
+
+@pytest.mark.slow  # a training run
+def test_a_step_without_manifest_is_not_trusted_and_the_run_resumes_before_it(
+        finished_run, tmp_path, capsys):
+    """What older versions left when killed between a commit and its manifest."""
+    model_dir = _copy(finished_run, tmp_path)
+    os.remove(model_dir / "checkpoints" / "4" / "t5x_like_manifest.json")
+    assert _run(model_dir, 5) == 0
+    out = capsys.readouterr().out
+    assert "Ignoring step 4" in out and "it has no manifest" in out
+    assert "Resumed from the checkpoint at step 2" in out
+
+
+@pytest.mark.slow  # a training run
+def test_pruning_keeps_the_newest_verified_steps(tmp_path):
+    model_dir = tmp_path / "run"
+    assert _run(model_dir, 8, "--gin.train.keep_checkpoints=2") == 0
+    assert sorted(os.listdir(model_dir / "checkpoints"), key=int) == ["6", "8"]
 
 
 @pytest.mark.slow  # two training subprocesses (~80 s)
@@ -127,6 +181,7 @@ def test_kill_9_in_the_middle_of_a_save_then_rerun_resumes_from_a_complete_step(
     half_written = [n for n in left if "tmp" in n]
     assert half_written, f"the save finished before the kill landed ({left}); rerun the test"
     newest = max(int(n) for n in left if n.isdigit())
+    assert (checkpoints / str(newest) / "t5x_like_manifest.json").exists()
     rerun = subprocess.run(command(newest + 1), cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"Ignoring {half_written[0]}" in rerun.stdout
