@@ -11,7 +11,7 @@ import sys
 from typing import Any, Callable, Sequence
 
 from t5x_like import config as config_lib
-from t5x_like import distributed, run_health
+from t5x_like import distributed, host_runtime, run_health
 
 
 def parse_args(argv: Sequence[str], description: str) -> tuple[list[str], list[str]]:
@@ -33,7 +33,9 @@ def parse_args(argv: Sequence[str], description: str) -> tuple[list[str], list[s
 
 
 def run(entry: Callable[[], Any], argv: Sequence[str] | None, description: str) -> int:
-    """Parse gin, start multi-process jax if configured, run `entry()`."""
+    """Hide the GPUs from TensorFlow, parse gin, start multi-process jax if configured, run
+    `entry()`."""
+    host_runtime.hide_gpus_from_tensorflow()  # before any TF op: gin parsing may run some
     files, bindings = parse_args(sys.argv[1:] if argv is None else argv, description)
     for path in files:
         if not os.path.exists(path):
@@ -43,6 +45,9 @@ def run(entry: Callable[[], Any], argv: Sequence[str] | None, description: str) 
     try:
         config_lib.parse_gin(files, bindings)
         distributed.initialize()
+    except config_lib.ConfigError as e:  # (a ValueError: caught before the gin branch)
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except (ValueError, SyntaxError) as e:
         print(f"error: bad gin configuration: {e}\nCheck the binding's spelling against the "
               "configurables in gin_configs/ (e.g. train.batch_size, T5Config.emb_dim).",

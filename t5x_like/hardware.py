@@ -15,24 +15,50 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+import warnings
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 
-# Lower-cased substrings of jax's `device_kind` -> dense bf16 FLOP/s per device.
+# Lower-cased substrings of jax's `device_kind` -> dense (not sparse) bf16 FLOP/s per device,
+# from the vendors' data sheets. The first match wins, so a specific name (a PCIe or NVL card)
+# comes before its family's. jax's names: 'TPU v4', 'TPU v5 lite' (v5e), 'TPU v5' or
+# 'TPU v5p' (v5p), 'TPU v6 lite' (v6e), 'NVIDIA A100-SXM4-80GB', 'NVIDIA H100 80GB HBM3',
+# 'NVIDIA H200', 'NVIDIA B200' (CUDA's device name).
 PEAK_FLOPS_PER_DEVICE = (
-    ("tpu v3", 61.5e12),          # 123 TFLOP/s per chip, two devices
+    # Cloud TPU docs, "TPU v3": 123 TFLOP/s bf16 per chip, two TensorCores (jax devices).
+    ("tpu v3", 61.5e12),
+    # Cloud TPU docs, "TPU v4": peak compute per chip (bf16) 275 TFLOP/s (one megacore device).
     ("tpu v4", 275e12),
-    ("tpu v5 lite", 197e12),      # v5e
+    # Cloud TPU docs, "TPU v5e": peak compute per chip (bf16) 197 TFLOP/s.
+    ("tpu v5 lite", 197e12),
     ("tpu v5e", 197e12),
+    # Cloud TPU docs, "TPU v5p": peak compute per chip (bf16) 459 TFLOP/s; jax says "TPU v5".
     ("tpu v5p", 459e12),
-    ("tpu v5", 459e12),           # v5p reports "TPU v5"
+    ("tpu v5", 459e12),
+    # Cloud TPU docs, "TPU v6e" (Trillium): peak compute per chip (bf16) 918 TFLOP/s.
+    ("tpu v6 lite", 918e12),
+    ("tpu v6e", 918e12),
+    # NVIDIA A100 Tensor Core GPU data sheet: BFLOAT16 Tensor Core 312 TFLOP/s (624 sparse),
+    # SXM4 and PCIe, 40 and 80 GB alike.
     ("a100", 312e12),
+    # NVIDIA H100 Tensor Core GPU data sheet: BFLOAT16 Tensor Core 1,979 / 1,513 / 1,671
+    # TFLOP/s with sparsity for SXM / PCIe / NVL; dense is half.
+    ("h100 pcie", 756e12),
+    ("h100 nvl", 835e12),
     ("h100", 989e12),
+    # NVIDIA H200 Tensor Core GPU data sheet: BFLOAT16 Tensor Core 1,979 (SXM) / 1,671 (NVL)
+    # TFLOP/s with sparsity; dense is half.
+    ("h200 nvl", 835e12),
     ("h200", 989e12),
+    # NVIDIA GB200 NVL72 data sheet: FP16/BF16 Tensor Core 360 PFLOP/s with sparsity for 72
+    # GPUs (5 each); dense is half. jax says "NVIDIA GB200".
+    ("gb200", 2500e12),
+    # NVIDIA HGX B200 data sheet: FP16/BF16 Tensor Core 4.5 PFLOP/s per GPU with sparsity
+    # (36 PFLOP/s for eight); dense is half.
+    ("b200", 2250e12),  # after "gb200"
 )
-
 
 def matmul_flop_count(size: int) -> int:
     """FLOPs of one size x size by size x size matrix product."""
@@ -145,15 +171,20 @@ def device_peak_flops(device_kind: str) -> float | None:
 @functools.lru_cache(maxsize=None)
 def peak_flops() -> tuple[float, str]:
     """(peak FLOP/s of the whole run, where the number comes from). On CPU: the measured
-    matmul rate of each host (simulated devices share its cores) times the processes."""
+    matmul rate of each host (simulated devices share its cores) times the processes. An
+    accelerator missing from the table gives NaN, said once in a warning and in the source."""
     device = jax.devices()[0]
     if device.platform == "cpu":
         rate, library = measure_matmul_flops()
         return rate * jax.process_count(), (f"measured float32 matmul on CPU ({rate:.3g}/s, "
                                             f"{library})")
     per_device = device_peak_flops(device.device_kind)
-    if per_device is None:
-        return float("nan"), f"unknown peak for {device.device_kind!r}"
+    if per_device is None:  # once: this function is cached
+        source = (f"no bf16 peak known for {device.device_kind!r}, so MFU is not computed "
+                  f"(NaN); add its data sheet's dense figure to "
+                  f"t5x_like.hardware.PEAK_FLOPS_PER_DEVICE")
+        warnings.warn(source, RuntimeWarning, stacklevel=2)
+        return float("nan"), source
     return per_device * jax.device_count(), (f"{device.device_kind} bf16 peak "
                                              f"{per_device:.3g}/s x {jax.device_count()}")
 

@@ -20,13 +20,23 @@ arithmetic (`benchmarks/README.md`):
 
 Both must happen before jax starts its backend threads, which is why the package's
 `__init__` applies them and every entry point imports the package first.
+
+On GPU hosts one more process-wide setting: TensorFlow (seqio's input pipeline) must not see
+the GPUs, or its first op reserves most of their memory for itself and JAX runs out
+(`hide_gpus_from_tensorflow`, as t5x and MaxText do before training).
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib.abc
+import importlib.util
 import os
 import platform
+import sys
+import warnings
+from types import ModuleType
+from typing import Callable
 
 CPU_XLA_FLAGS = {"--xla_cpu_experimental_ynn_fusion_type": "dot"}
 
@@ -106,3 +116,63 @@ def keep_freed_memory() -> bool:
         return False
     return all(libc.mallopt(param, value) == 1 for param, value in (
         (_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _NEVER)))
+
+
+# Whether TensorFlow has been told to leave the GPUs alone in this process.
+tensorflow_gpus_hidden = False
+
+
+def _hide_gpus(tf: ModuleType) -> None:
+    """tf.config.set_visible_devices([], 'GPU'); TF refuses once its runtime has started (an
+    op ran before), which is then said, not raised: the run still works, with less memory."""
+    global tensorflow_gpus_hidden
+    try:
+        tf.config.set_visible_devices([], "GPU")
+    except RuntimeError as e:
+        warnings.warn(f"TensorFlow started before t5x_like could hide the GPUs from it ({e}); "
+                      "it may hold GPU memory JAX needs. Import t5x_like (or call "
+                      "t5x_like.host_runtime.hide_gpus_from_tensorflow()) before any "
+                      "TensorFlow op runs.", RuntimeWarning, stacklevel=3)
+        return
+    tensorflow_gpus_hidden = True
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs `callback(module)` once, right after the module `name` has been imported (no
+    post-import hook exists in Python): finds the module's spec through the other finders
+    and wraps that spec's loader's `exec_module`, leaving the loader otherwise as it is."""
+
+    def __init__(self, name: str, callback: Callable[[ModuleType], None]) -> None:
+        self.name, self.callback = name, callback
+        self._finding = False
+
+    def find_spec(self, fullname, path=None, target=None):  # noqa: ARG002 - finder API
+        if fullname != self.name or self._finding:
+            return None
+        self._finding = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._finding = False
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module, callback = spec.loader.exec_module, self.callback
+
+        def exec_then_call(module: ModuleType) -> None:
+            exec_module(module)
+            callback(module)
+
+        spec.loader.exec_module = exec_then_call  # type: ignore[method-assign]
+        return spec
+
+
+def hide_gpus_from_tensorflow() -> None:
+    """Keep TensorFlow off the GPUs before its first op: now if it is imported, else as soon
+    as it is (no import of TensorFlow here, which costs seconds where it is not needed)."""
+    tf = sys.modules.get("tensorflow")
+    if tf is not None:
+        _hide_gpus(tf)
+    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport("tensorflow", _hide_gpus))

@@ -1,6 +1,8 @@
-"""A local stand-in for the Compute Engine metadata server's maintenance-event endpoint: it
-answers NONE until the test calls `announce()`, and refuses requests without the
-`Metadata-Flavor: Google` header as the real one does."""
+"""A local stand-in for the Compute Engine metadata server: its maintenance-event endpoint
+answers NONE until the test calls `announce()`; `instance/attributes/KEY` answers
+`attributes[KEY]`, or 404 for a key the instance lacks (as the real server does for, say,
+`accelerator-type` on a VM that is not a TPU VM). Requests without the `Metadata-Flavor:
+Google` header are refused as the real one refuses them. `host` is what GCE_METADATA_IP takes."""
 
 from __future__ import annotations
 
@@ -9,9 +11,13 @@ import threading
 
 
 class FakeMetadataServer:
-    def __init__(self) -> None:
+    ATTRIBUTES = "/computeMetadata/v1/instance/attributes/"
+
+    def __init__(self, attributes: dict[str, str] | None = None) -> None:
         self.event = "NONE"
+        self.attributes = dict(attributes or {})
         self.requests = 0
+        self.paths: list[str] = []
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -20,7 +26,15 @@ class FakeMetadataServer:
                     self.send_error(403, "Missing Metadata-Flavor:Google header")
                     return
                 server.requests += 1
-                body = server.event.encode()
+                server.paths.append(self.path)
+                if self.path.startswith(server.ATTRIBUTES):
+                    value = server.attributes.get(self.path[len(server.ATTRIBUTES):])
+                    if value is None:
+                        self.send_error(404, "Not Found")
+                        return
+                    body = value.encode()
+                else:
+                    body = server.event.encode()
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -30,8 +44,8 @@ class FakeMetadataServer:
                 pass
 
         self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = (f"http://127.0.0.1:{self._httpd.server_address[1]}"
-                    "/computeMetadata/v1/instance/maintenance-event")
+        self.host = f"127.0.0.1:{self._httpd.server_address[1]}"
+        self.url = f"http://{self.host}/computeMetadata/v1/instance/maintenance-event"
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
         self._thread.start()
 

@@ -2,6 +2,7 @@
 and the peak-FLOPs table per accelerator (a measured matmul rate on CPU)."""
 
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -80,3 +81,64 @@ def test_a_library_this_jaxlib_cannot_compile_is_skipped(monkeypatch):
 
     monkeypatch.setattr(hardware, "_timer_for", fake_timer)
     assert hardware.matmul_timer(size=8).library == "Eigen"
+
+
+# jax's device_kind strings (what `jax.devices()[0].device_kind` says: libtpu's names for
+# TPUs, CUDA's device name for NVIDIA GPUs) -> the data sheets' dense bf16 peak per device.
+DATASHEET_PEAKS = [
+    ("TPU v4", 275e12),                   # Cloud TPU v4 docs: 275 TFLOP/s bf16 per chip
+    ("TPU v5 lite", 197e12),              # Cloud TPU v5e docs: 197
+    ("TPU v5", 459e12),                   # Cloud TPU v5p docs: 459 (jax's name for v5p)
+    ("TPU v5p", 459e12),
+    ("TPU v6 lite", 918e12),              # Cloud TPU v6e (Trillium) docs: 918
+    ("NVIDIA A100-SXM4-80GB", 312e12),    # A100 data sheet: 312 (624 sparse)
+    ("NVIDIA A100-SXM4-40GB", 312e12),
+    ("NVIDIA A100-PCIE-40GB", 312e12),
+    ("NVIDIA H100 80GB HBM3", 989e12),    # H100 SXM: 1,979 sparse / 2
+    ("NVIDIA H100 PCIe", 756e12),         # H100 PCIe: 1,513 sparse / 2
+    ("NVIDIA H100 NVL", 835e12),          # H100 NVL: 1,671 sparse / 2
+    ("NVIDIA H200", 989e12),              # H200 SXM: 1,979 sparse / 2
+    ("NVIDIA H200 NVL", 835e12),          # H200 NVL: 1,671 sparse / 2
+    ("NVIDIA B200", 2250e12),             # HGX B200: 4.5 PFLOP/s sparse / 2
+    ("NVIDIA GB200", 2500e12),            # GB200 NVL72: 360 PFLOP/s sparse / 72 / 2
+]
+
+
+@pytest.mark.parametrize("kind,peak", DATASHEET_PEAKS)
+def test_current_chips_have_their_datasheet_peak(kind, peak):
+    assert hardware.device_peak_flops(kind) == peak
+
+
+class _Device:
+    platform, device_kind = "gpu", ""
+
+
+@pytest.mark.parametrize("kind,peak", [("NVIDIA H200", 989e12), ("TPU v6 lite", 918e12)])
+def test_run_peak_on_an_accelerator_is_per_device_times_devices(monkeypatch, kind, peak):
+    device = _Device()
+    device.device_kind = kind
+    monkeypatch.setattr(jax, "devices", lambda: [device] * 8)
+    monkeypatch.setattr(jax, "device_count", lambda: 8)
+    hardware.peak_flops.cache_clear()
+    try:
+        total, source = hardware.peak_flops()
+    finally:
+        hardware.peak_flops.cache_clear()
+    assert total == 8 * peak and kind in source and not math.isnan(hardware.mfu(1e15, 1.0, total))
+
+
+def test_an_unknown_accelerator_is_said_once(monkeypatch):
+    device = _Device()
+    device.device_kind = "Imaginary NPU 9000"
+    monkeypatch.setattr(jax, "devices", lambda: [device])
+    monkeypatch.setattr(jax, "device_count", lambda: 1)
+    hardware.peak_flops.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="no bf16 peak known for 'Imaginary NPU 9000'"):
+            peak, source = hardware.peak_flops()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a second ask warns no more
+            assert math.isnan(hardware.peak_flops()[0])
+    finally:
+        hardware.peak_flops.cache_clear()
+    assert math.isnan(peak) and "PEAK_FLOPS_PER_DEVICE" in source
