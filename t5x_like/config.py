@@ -21,6 +21,44 @@ class ConfigError(ValueError):
     """A configuration or input that cannot work; the message says what to change."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Number:
+    """What a numeric run setting accepts: its type, its least value (`above`: strictly more
+    than it), and whether None (off / automatic) is allowed."""
+
+    kind: type = int
+    minimum: float | None = None
+    above: float | None = None
+    maximum: float | None = None
+    optional: bool = False
+
+    def check(self, binding: str, value) -> None:
+        """Raise ConfigError naming the binding when `value` is not acceptable."""
+        if value is None and self.optional:
+            return
+        kinds = (int,) if self.kind is int else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            noun = "an integer" if self.kind is int else "a number"
+            raise ConfigError(f"--gin.{binding} must be {noun}{self._range()}"
+                              f"{' or None' if self.optional else ''}, not {value!r}.")
+        if ((self.minimum is not None and value < self.minimum)
+                or (self.above is not None and value <= self.above)
+                or (self.maximum is not None and value > self.maximum)):
+            raise ConfigError(f"--gin.{binding} must be{self._range()}, not {value!r}.")
+
+    def _range(self) -> str:
+        parts = [f">= {self.minimum:g}" if self.minimum is not None else "",
+                 f"> {self.above:g}" if self.above is not None else "",
+                 f"<= {self.maximum:g}" if self.maximum is not None else ""]
+        return "".join(f" {p}" for p in parts if p)
+
+
+def check_numbers(scope: str, values: dict, rules: dict[str, Number]) -> None:
+    """Check each setting in `rules` of the configurable `scope` (its gin name)."""
+    for name, rule in rules.items():
+        rule.check(f"{scope}.{name}", values[name])
+
+
 def quote_plain_string(binding: str) -> str:
     """`KEY=value` -> `KEY='value'` when `value` would not parse as a gin value."""
     if "=" not in binding:

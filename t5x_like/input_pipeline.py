@@ -7,6 +7,8 @@ training loop numpy batches of exactly the features the model reads.
 
 from __future__ import annotations
 
+import hashlib
+
 import difflib
 import os
 from typing import Mapping
@@ -131,6 +133,58 @@ def check_vocabulary(task_or_mixture: seqio.Task | seqio.Mixture, model_vocab_si
                     f"{feature.vocabulary.vocab_size} ids but the model has only "
                     f"{model_vocab_size}; set T5Config.vocab_size >= "
                     f"{feature.vocabulary.vocab_size} (T5 pads 32100 to 32128).")
+
+
+def vocabulary_identity(vocabulary: seqio.Vocabulary) -> dict:
+    """What the ids mean, as a fingerprint a checkpoint can keep: two vocabularies of the same
+    size but another tokenizer give other words the same ids. `file` says where it came from
+    (for messages); the other fields decide equality (`same_vocabulary`)."""
+    from t5x_like.data.wordpiece import WordPieceVocabulary
+
+    if isinstance(vocabulary, seqio.SentencePieceVocabulary):
+        return {"kind": "SentencePiece", "sha256": hashlib.sha256(vocabulary.sp_model).hexdigest(),
+                "extra_ids": vocabulary.extra_ids,
+                "file": str(vocabulary.sentencepiece_model_file)}
+    if isinstance(vocabulary, WordPieceVocabulary):
+        with open(vocabulary.vocab_path, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+        return {"kind": "WordPiece", "sha256": digest, "lower_case": vocabulary.lower_case,
+                "file": vocabulary.vocab_path}
+    pieces = "\n".join(vocabulary.decode([i]) for i in range(vocabulary.vocab_size))
+    return {"kind": type(vocabulary).__name__,
+            "sha256": hashlib.sha256(pieces.encode("utf-8")).hexdigest(), "file": ""}
+
+
+def task_vocabularies(task_or_mixture: seqio.Task | seqio.Mixture) -> dict[str, dict]:
+    """{feature: vocabulary_identity} of the task (a mixture's first member with each
+    feature)."""
+    found: dict[str, dict] = {}
+    for task in _tasks_of(task_or_mixture):
+        for key, feature in task.output_features.items():
+            if key not in found:
+                found[key] = vocabulary_identity(feature.vocabulary)
+    return found
+
+
+def same_vocabulary(a: dict, b: dict) -> bool:
+    return {k: v for k, v in a.items() if k != "file"} == {
+        k: v for k, v in b.items() if k != "file"}
+
+
+def check_resumed_vocabulary(saved: Mapping[str, dict], current: Mapping[str, dict],
+                             model_dir: str, task_name: str) -> None:
+    """A resumed run must read the vocabulary its checkpoint was trained with."""
+    for key, before in saved.items():
+        now = current.get(key)
+        if now is not None and not same_vocabulary(before, now):
+            def name(v: dict) -> str:
+                return f"{v['kind']} {v.get('file') or '(built in)'} (sha256 {v['sha256'][:12]})"
+
+            raise ConfigError(
+                f"MODEL_DIR {model_dir} was trained with the {key!r} vocabulary {name(before)}, "
+                f"but task {task_name!r} reads {name(now)}: the same ids would mean other "
+                "pieces. Resume with the checkpoint's vocabulary, or start a new MODEL_DIR "
+                "(--gin.train.init_checkpoint to start from its parameters).")
 
 
 def check_num_labels(task_or_mixture: seqio.Task | seqio.Mixture, model) -> None:

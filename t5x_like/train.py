@@ -79,6 +79,32 @@ def _write_text(path: str, text: str) -> None:
         storage.write_text(path, text)
 
 
+# Every numeric setting of `train`, checked before anything is read or written.
+SETTINGS = {
+    "batch_size": config_lib.Number(int, minimum=1),
+    "train_steps": config_lib.Number(int, minimum=1),
+    "warmup_steps": config_lib.Number(int, minimum=0),
+    "learning_rate_scale": config_lib.Number(float, above=0),
+    "eval_every": config_lib.Number(int, minimum=0),
+    "eval_batches": config_lib.Number(int, minimum=0),
+    "checkpoint_every": config_lib.Number(int, minimum=1),
+    "keep_checkpoints": config_lib.Number(int, minimum=1, optional=True),
+    "log_every": config_lib.Number(int, minimum=1),
+    "seed": config_lib.Number(int),
+    "num_microbatches": config_lib.Number(int, minimum=1),
+    "num_predictions": config_lib.Number(int, minimum=0),
+    "constant_learning_rate": config_lib.Number(float, above=0),
+    "metrics_eval_every": config_lib.Number(int, minimum=0),
+    "metrics_eval_examples": config_lib.Number(int, minimum=1, optional=True),
+    "metrics_eval_batch_size": config_lib.Number(int, minimum=1),
+    "peak_learning_rate": config_lib.Number(float, above=0),
+    "train_epochs": config_lib.Number(float, above=0, optional=True),
+    "warmup_proportion": config_lib.Number(float, minimum=0, maximum=1, optional=True),
+    "data_shards": config_lib.Number(int, minimum=1, optional=True),
+    "loss_spike_ratio": config_lib.Number(float, above=1),
+}
+
+
 @gin.configurable
 def train(
     model_dir: str | None = None,
@@ -144,6 +170,7 @@ def train(
     """
 
     # --- checks, before anything expensive -----------------------------------------------
+    config_lib.check_numbers("train", locals(), SETTINGS)  # before MODEL_DIR is touched
     model_dir = _check_model_dir(model_dir)
     if tfds_data_dir:
         seqio.set_tfds_data_dir_override(tfds_data_dir)
@@ -181,8 +208,12 @@ def train(
     for step in checkpointer.unverified_saves:
         _log(f"Ignoring step {step} in {checkpointer.directory}: it has no manifest (the run "
              f"stopped before it was written), so it cannot be checked (removed now). {resuming}")
+    vocabularies = input_pipeline.task_vocabularies(task_obj)
+    record = checkpointer.restore_record(start_step) if start_step else {}
     if start_step:
         _check_resume_config(checkpointer, cfg)
+        input_pipeline.check_resumed_vocabulary(record.get("vocabularies", {}), vocabularies,
+                                                model_dir, task)
     elif init_checkpoint:
         params_io.check_compatible(
             params_io.restore_config(params_io.checkpoint_directory(init_checkpoint)), cfg,
@@ -201,7 +232,6 @@ def train(
     _write_text(os.path.join(model_dir, "partitioning.txt"), report + "\n")
 
     # --- data --------------------------------------------------------------------------
-    record = checkpointer.restore_record(start_step) if start_step else {}
     saved_order = (train_data.DataOrder(**record["data_order"]) if "data_order" in record
                    else None)
     order = train_data.DataOrder(task, batch_size, seed, train_data.resolve_data_shards(
@@ -258,7 +288,8 @@ def train(
         pending = sum(int(m["nonfinite"]) for m in jax.device_get(window))
         _save_input_position(int(state.step))
         checkpointer.save(state, cfg, {"data_order": order.to_json(),
-                                       "nonfinite_steps": nonfinite_logged + pending})
+                                       "nonfinite_steps": nonfinite_logged + pending,
+                                       "vocabularies": vocabularies})
         kept = checkpointer.steps()
         if kept and jax.process_index() == 0:
             train_data.remove_input_states_before(model_dir, min(kept))
