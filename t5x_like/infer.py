@@ -20,7 +20,7 @@ if __name__ == "__main__":  # `python -m t5x_like.infer`: run it under that name
 
 import json
 import os
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import gin
 import jax
@@ -32,24 +32,114 @@ from t5x_like.eval import default_output_dir, require_checkpoint, restore_model
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
 
 
-def read_inputs(path: str, vocabulary, inputs_length: int,
-                add_eos: bool = True) -> Iterator[dict[str, Any]]:
-    """Examples from a .txt (one input a line) or .jsonl (`inputs` field) file; EOS ends each
-    input as in the tasks' examples, unless `add_eos=False` (a prompt to continue)."""
-    if not storage.exists(path):
-        raise ConfigError(f"infer.input_file {path} does not exist.")
-    for n, line in enumerate(storage.read_text(path).split("\n"), start=1):
+_JSONL_SUFFIXES = (".jsonl", ".json")
+
+
+def _text_lines(path: str) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each non-blank line, each checked to be UTF-8: a bad byte is
+    named with its line and column (read as bytes: a text-mode read fails for the whole file
+    without saying where)."""
+    import tensorflow as tf
+
+    with tf.io.gfile.GFile(path, "rb") as f:
+        raw = f.read()
+    for n, line in enumerate(raw.split(b"\n"), start=1):
         if not line.strip():
             continue
-        text = line
-        if path.endswith((".jsonl", ".json")):
-            record = json.loads(line)
-            if "inputs" not in record:
-                raise ConfigError(f"{path}:{n} has no 'inputs' field.")
-            text = record["inputs"]
-        ids = list(vocabulary.encode(text))[:inputs_length - int(add_eos)]
-        ids += [vocabulary.eos_id] if add_eos else []
+        try:
+            yield n, line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ConfigError(
+                f"{path}:{n}: not UTF-8 text (byte {line[e.start]:#04x} at column "
+                f"{e.start + 1}); re-encode the file (e.g. `iconv -f latin1 -t utf-8`) or fix "
+                "the line.") from None
+
+
+def _jsonl_inputs(path: str, n: int, line: str) -> str:
+    """The `inputs` string of one JSON line, or an error naming the line."""
+    hint = 'each line of a .jsonl file is one JSON object such as {"inputs": "..."}'
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}:{n}: not valid JSON ({e.msg} at column {e.colno}); "
+                          f"{hint}.") from None
+    if not isinstance(record, dict) or "inputs" not in record:
+        raise ConfigError(f"{path}:{n} has no 'inputs' field; {hint}.")
+    if not isinstance(record["inputs"], str):
+        raise ConfigError(f"{path}:{n}: 'inputs' is a JSON {type(record['inputs']).__name__}, "
+                          f"not a string; {hint}.")
+    return record["inputs"]
+
+
+class PromptLimit(NamedTuple):
+    """The longest prompt a decoder-only model takes, and how to allow a longer one."""
+    tokens: int
+    how_to_raise: str
+
+
+def read_inputs(path: str, vocabulary, inputs_length: int, add_eos: bool = True,
+                prompt_limit: PromptLimit | None = None) -> Iterator[dict[str, Any]]:
+    """Examples from a .txt (one input a line) or .jsonl (`inputs` field) file; EOS ends each
+    input as in the tasks' examples, unless `add_eos=False` (a prompt to continue). Inputs
+    longer than `inputs_length` are cut to it, as the tasks' are; with `prompt_limit`
+    (a decoder-only model's prompt, whose continuation follows its last tokens, which a cut
+    would drop) a longer one is refused, naming its line."""
+    if not storage.exists(path):
+        raise ConfigError(f"infer.input_file {path} does not exist.")
+    for n, line in _text_lines(path):
+        text = _jsonl_inputs(path, n, line) if path.endswith(_JSONL_SUFFIXES) else line
+        ids = list(vocabulary.encode(text))
+        if prompt_limit and len(ids) + int(add_eos) > prompt_limit.tokens:
+            raise ConfigError(
+                f"{path}:{n}: the prompt is {len(ids) + int(add_eos)} tokens, longer than the "
+                f"{prompt_limit.tokens} of infer.task_feature_lengths['inputs'] (a cut prompt "
+                f"would be continued from the wrong place); shorten the line, or "
+                f"{prompt_limit.how_to_raise}.")
+        ids = ids[:inputs_length - int(add_eos)] + ([vocabulary.eos_id] if add_eos else [])
         yield {"inputs": np.array(ids, np.int32), "inputs_pretokenized": text.encode()}
+
+
+def read_all_inputs(path: str, vocabulary, inputs_length: int, add_eos: bool,
+                    prompt_limit: PromptLimit | None) -> list[dict[str, Any]]:
+    """Every example of the file, read before a checkpoint is restored (a bad line is found
+    in seconds, not after the model is loaded); a file without any is refused."""
+    examples = list(read_inputs(path, vocabulary, inputs_length, add_eos, prompt_limit))
+    if not examples:
+        raise ConfigError(f"infer.input_file {path} has no prompts: every line is blank. Give "
+                          "one input a line (.txt) or one {\"inputs\": ...} object a line "
+                          "(.jsonl).")
+    return examples
+
+
+def _lengths_that_fit(limit: int, targets: int) -> dict[str, int]:
+    """Feature lengths for a `limit`-position model: the targets kept when half the room or
+    less, the rest for the prompt."""
+    targets = min(targets, (limit - 1) // 2)
+    return {"inputs": limit - 1 - targets, "targets": targets}
+
+
+def check_decode_fits(model, feature_lengths: Mapping[str, int]) -> PromptLimit | None:
+    """A decoder-only model with learned positions decodes start token + prompt (padded to
+    'inputs') + 'targets' new tokens in one sequence: refuse feature lengths that pass its
+    position table before anything is decoded (it was a traceback from inside the model).
+    Returns the longest prompt then allowed (None for T5, whose inputs are cut to length
+    as the tasks' are)."""
+    cfg = getattr(model, "config", None)
+    limit = getattr(cfg, "max_position_embeddings", None)
+    if not hasattr(model, "PROMPT_FEATURE"):
+        return None
+    inputs, targets = feature_lengths["inputs"], feature_lengths["targets"]
+    learned = limit is not None and getattr(cfg, "learned_positions", True)
+    if learned and 1 + inputs + targets > limit:
+        raise ConfigError(
+            f"infer.task_feature_lengths={dict(feature_lengths)} decodes 1 + {inputs} + "
+            f"{targets} = {1 + inputs + targets} positions (start token, prompt, new tokens), "
+            f"but the model has {limit} learned positions ({type(cfg).__name__}."
+            f"max_position_embeddings); make 'inputs' + 'targets' at most {limit - 1}, e.g. "
+            f"--gin.infer.task_feature_lengths=\"{_lengths_that_fit(limit, targets)}\".")
+    room = (f" (up to {limit - 1 - targets} with 'targets': {targets}: the model has {limit} "
+            f"learned positions, {type(cfg).__name__}.max_position_embeddings)") if learned else ""
+    return PromptLimit(inputs, f"raise --gin.infer.task_feature_lengths 'inputs'{room}")
 
 
 @gin.configurable
@@ -70,10 +160,13 @@ def infer(checkpoint: str | None = None, task: str | None = None, split: str = "
     if not input_file:
         input_pipeline.check_data_available(task_obj, split)
     vocabulary = task_obj.output_features["targets"].vocabulary
-    examples = (read_inputs(input_file, vocabulary, feature_lengths["inputs"], add_eos)
+    model = model_class()
+    prompt_limit = check_decode_fits(model, feature_lengths)
+    examples = (read_all_inputs(input_file, vocabulary, feature_lengths["inputs"], add_eos,
+                                prompt_limit)
                 if input_file
                 else evaluation.task_examples(task, split, feature_lengths, max_examples))
-    model, params = restore_model(checkpoint, model_class)
+    model, params = restore_model(checkpoint, lambda: model)
     predict_fn = evaluation.make_predict_fn(model, feature_lengths["targets"],
                                             decoding.DecodeConfig())
     predictions = evaluation.predict(predict_fn, params, examples, vocabulary, batch_size,

@@ -7,6 +7,9 @@ Two seqio sources, both plain `FileDataSource`s (so multi-host runs split them b
   C4 layout `c4-train.00000-of-01024.json.gz` / `c4-validation.*.json.gz` as is.
 * `TextFileDataSource`: plain text, one document per line.
 
+A line longer than `text_files.max_document_chars` (default 1,000,000 characters) is split
+into documents of that many characters, so one huge line cannot take gigabytes to tokenize.
+
 Which files a task reads is decided when its data is first requested, after gin has parsed
 the run's config, through `LazySource`:
 
@@ -183,21 +186,65 @@ def read_jsonl(path: tf.Tensor, text_key: str = "text",
     return utf8_lines(path).map(to_features, num_parallel_calls=tf.data.AUTOTUNE)
 
 
+@gin.configurable("text_files")
+def document_char_limit(max_document_chars: int | None = 1_000_000) -> int | None:
+    """Longest document (in characters) a text source passes on whole; a longer line is split
+    into consecutive documents of at most this many characters (`split_long_documents`).
+    SentencePiece holds about 100 bytes per character of the string it tokenizes, so one
+    50 MB line would take ~5 GB; C4's longest cleaned page is ~190k characters, so the default
+    splits only what is not a web page or book chapter. None or 0 turns splitting off.
+    Bind `text_files.max_document_chars` in gin."""
+    if max_document_chars is not None and max_document_chars < 0:
+        raise ConfigError(f"text_files.max_document_chars={max_document_chars}; give a "
+                          "positive number of characters (or None / 0 for no limit).")
+    return max_document_chars or None
+
+
+def split_long_documents(dataset: tf.data.Dataset, limit: int | None) -> tf.data.Dataset:
+    """Each document (a dict with `text`) of over `limit` characters becomes consecutive
+    documents of `limit` characters (the last shorter), other fields repeated; shorter ones
+    pass unchanged. TensorFlow ops only (map + unbatch), so the pipeline's position stays
+    checkpointable. Splits fall on UTF-8 character boundaries, never inside a character."""
+    if not limit:
+        return dataset
+
+    def pieces(features):
+        text = features["text"]
+        length = tf.strings.length(text, unit="UTF8_CHAR")
+        starts = tf.range(0, tf.maximum(length, 1), limit)
+        texts = tf.cond(
+            length > limit,
+            lambda: tf.strings.substr(text, starts, tf.fill(tf.shape(starts), limit),
+                                      unit="UTF8_CHAR"),
+            lambda: text[None])
+        count = tf.shape(texts)[0]
+        return {k: texts if k == "text" else tf.repeat(v[None], count)
+                for k, v in features.items()}
+
+    return dataset.map(pieces).unbatch()
+
+
 class JsonlDataSource(seqio.FileDataSource):
     """JSON-lines files (C4's mirrored layout or your own), one document per line."""
 
     def __init__(self, split_to_filepattern: Mapping[str, str | Sequence[str]],
                  text_key: str = "text", keep_keys: Sequence[str] = ("url", "timestamp")):
-        super().__init__(lambda path: read_jsonl(path, text_key, keep_keys),
-                         split_to_filepattern)
+        limit = document_char_limit()  # (here: an error in `read` surfaces as TF's)
+
+        def read(path):
+            return split_long_documents(read_jsonl(path, text_key, keep_keys), limit)
+
+        super().__init__(read, split_to_filepattern)
 
 
 class TextFileDataSource(seqio.FileDataSource):
     """Plain text files, one document per line (gzipped files too)."""
 
     def __init__(self, split_to_filepattern: Mapping[str, str | Sequence[str]]):
+        limit = document_char_limit()
+
         def read(path):
-            return utf8_lines(path).map(lambda l: {"text": l})
+            return split_long_documents(utf8_lines(path).map(lambda l: {"text": l}), limit)
 
         super().__init__(read, split_to_filepattern)
 

@@ -169,13 +169,17 @@ def tf_constant(value):
     return tf.constant(value)
 
 
-def test_a_json_gz_corpus_resumes_from_its_saved_position(tmp_path):
+@pytest.mark.parametrize("max_chars", [None, 50], ids=["whole_lines", "lines_split"])
+def test_a_json_gz_corpus_resumes_from_its_saved_position(tmp_path, max_chars):
     """The exact-resume path for a JSON-lines source: the stream saved after 3 batches is
     restored (not re-read by skipping) and continues with the batches the uninterrupted
-    stream reads next. Before the fix the save failed on tf.py_function."""
+    stream reads next. Before the fix the save failed on tf.py_function. With a 50-character
+    document limit every line (~200 characters) is split, and the position still saves."""
     import numpy as np
 
     from t5x_like import train_data
+
+    gin.bind_parameter("text_files.max_document_chars", max_chars)
 
     with gzip.open(tmp_path / "train.jsonl.gz", "wt", encoding="utf-8") as f:
         for i in range(60):
@@ -207,3 +211,76 @@ def test_a_corpus_without_validation_files_has_no_validation_split(tmp_path):
     with pytest.raises(ConfigError, match="no files for split 'validation'.*"
                                           "text_corpus.validation_files"):
         input_pipeline.check_data_available(task, "validation")
+
+
+# ------------------------------------------------------------------- over-long documents
+LONG = "Mañana 😀 " * 7 + "end"  # 66 characters, multi-byte ones among them
+
+
+@pytest.mark.parametrize("kind", ["txt", "jsonl"])
+def test_a_line_over_the_document_limit_is_split_into_documents_of_the_limit(tmp_path, kind):
+    """Reference: Python's slicing by code points, LONG[i:i + 20]. A line over
+    `text_files.max_document_chars` becomes consecutive documents of at most that many
+    characters (never cut inside a UTF-8 character), other fields repeated; a line within
+    the limit passes whole."""
+    gin.bind_parameter("text_files.max_document_chars", 20)
+    if kind == "txt":
+        (tmp_path / "c.txt").write_text(f"short one\n{LONG}\nlast\n", encoding="utf-8")
+        source = text_files.TextFileDataSource({"train": str(tmp_path / "c.txt")})
+    else:
+        (tmp_path / "c.jsonl").write_text("".join(
+            json.dumps({"text": t, "url": f"u{i}"}) + "\n"
+            for i, t in enumerate(["short one", LONG, "last"])))
+        source = text_files.JsonlDataSource({"train": str(tmp_path / "c.jsonl")})
+    records = list(source.get_dataset("train", shuffle=False).as_numpy_iterator())
+    pieces = [LONG[i:i + 20] for i in range(0, len(LONG), 20)]
+    assert len(pieces) == 4
+    assert [r["text"].decode("utf-8") for r in records] == ["short one", *pieces, "last"]
+    if kind == "jsonl":
+        assert [r["url"] for r in records] == [b"u0"] + [b"u1"] * 4 + [b"u2"]
+
+
+def test_document_limit_off_and_a_negative_limit_refused(tmp_path):
+    (tmp_path / "c.txt").write_text(LONG + "\n", encoding="utf-8")
+    gin.bind_parameter("text_files.max_document_chars", 0)  # 0 (or None): no limit
+    source = text_files.TextFileDataSource({"train": str(tmp_path / "c.txt")})
+    assert [r["text"].decode() for r in source.get_dataset(
+        "train", shuffle=False).as_numpy_iterator()] == [LONG]
+    gin.bind_parameter("text_files.max_document_chars", -5)
+    with pytest.raises(ConfigError, match="text_files.max_document_chars=-5"):
+        text_files.TextFileDataSource({"train": str(tmp_path / "c.txt")})
+
+
+_TOKENIZE_ONE_LONG_LINE = """
+import resource, sys
+import gin, tensorflow as tf
+from tasks import offline, text_files
+gin.bind_parameter("text_files.max_document_chars", int(sys.argv[2]))
+vocabulary = offline.OfflineVocabulary()
+source = text_files.TextFileDataSource({"train": sys.argv[1]})
+dataset = source.get_dataset("train", shuffle=False).map(
+    lambda d: vocabulary.encode_tf(d["text"]))
+next(dataset.as_numpy_iterator())  # warm: the vocabulary and TF's own buffers
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+tokens = sum(len(t) for t in dataset.as_numpy_iterator())
+print(tokens, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+"""
+
+
+def test_tokenizing_a_huge_line_stays_within_bounded_memory(tmp_path, offline_cache):
+    """SentencePiece holds ~100 bytes per character of the string it tokenizes: a 2 MB line
+    tokenized whole raises the peak RSS by ~200 MB (a 50 MB one by ~5 GB). Split at 20,000
+    characters, its documents take a few MB each. Measured in a fresh process (ru_maxrss is
+    a process-wide peak)."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "c.txt").write_text("tiny\n" + "river boats " * 170_000 + "\n")  # 2 MB
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run([sys.executable, "-c", _TOKENIZE_ONE_LONG_LINE,
+                          str(tmp_path / "c.txt"), "20000"], capture_output=True, text=True,
+                         env=env, check=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+    tokens, growth_kib = map(int, out.stdout.split()[-2:])
+    assert tokens > 170_000  # the whole line was tokenized, in pieces
+    assert growth_kib < 60_000, f"peak RSS grew {growth_kib} KiB"

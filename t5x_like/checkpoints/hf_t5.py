@@ -152,64 +152,124 @@ _TIED_ALIASES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
 
 
 # ------------------------------------------------------------------------------ reading
+def _read_json(path: str, what: str) -> dict[str, Any]:
+    """A JSON object from `path`; unreadable, not JSON or not an object is a CheckpointError
+    naming the file (and the line and column of a syntax error)."""
+    try:
+        with open(path, "rb") as f:
+            value = json.loads(f.read().decode("utf-8"))
+    except OSError as e:
+        raise CheckpointError(f"{path} cannot be read ({e.strerror or e}); {what}") from None
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{path} is not UTF-8 text (byte {e.object[e.start]:#04x} at "
+                              f"offset {e.start}); {what}") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}:{e.lineno}: not valid JSON ({e.msg} at column "
+                              f"{e.colno}); {what}") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path} holds a JSON {type(value).__name__}, not an object; "
+                              f"{what}")
+    return value
+
+
+def shard_files(checkpoint_dir: str, index_name: str) -> list[str]:
+    """The shard file names a sharded checkpoint's index (`model.safetensors.index.json` or
+    `pytorch_model.bin.index.json`) lists, every one checked to be present before any is
+    read: a partial download is named, not a traceback halfway through the tensors."""
+    index_path = os.path.join(checkpoint_dir, index_name)
+    redo = ("re-download or re-save the checkpoint (transformers' save_pretrained writes it "
+            "with its shards).")
+    weight_map = _read_json(index_path, redo).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{index_path} has no 'weight_map' of tensor names to shard "
+                              f"files; {redo}")
+    files = sorted(set(map(str, weight_map.values())))
+    missing = [n for n in files if not os.path.isfile(os.path.join(checkpoint_dir, n))]
+    if missing:
+        raise CheckpointError(
+            f"{index_path} lists {len(files)} shard(s), but {len(missing)} are not in "
+            f"{checkpoint_dir}: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}. "
+            "The download is incomplete: fetch the missing file(s) again (e.g. "
+            "`huggingface-cli download REPO --local-dir DIR`).")
+    return files
+
+
 def read_safetensors(checkpoint_dir: str) -> dict[str, Tensor]:
     """All tensors of a (possibly sharded) safetensors checkpoint, as float32 numpy arrays."""
     from safetensors import safe_open  # local import: only conversion needs it
 
-    index_path = os.path.join(checkpoint_dir, "model.safetensors.index.json")
-    single_path = os.path.join(checkpoint_dir, "model.safetensors")
-    if os.path.exists(index_path):
-        with open(index_path) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-    elif os.path.exists(single_path):
+    index_name = "model.safetensors.index.json"
+    if os.path.exists(os.path.join(checkpoint_dir, index_name)):
+        files = shard_files(checkpoint_dir, index_name)
+    elif os.path.exists(os.path.join(checkpoint_dir, "model.safetensors")):
         files = ["model.safetensors"]
     else:
-        bins = [n for n in os.listdir(checkpoint_dir) if n.endswith(".bin")]
-        hint = (" It has PyTorch pickle files (" + ", ".join(bins) + "), which we do not load "
-                "because unpickling can run code; convert them with transformers' "
-                "`save_pretrained(..., safe_serialization=True)` first.") if bins else ""
-        raise CheckpointError(f"No model.safetensors or model.safetensors.index.json in "
-                              f"{checkpoint_dir}.{hint}")
+        raise CheckpointError(f"No model.safetensors, model.safetensors.index.json or "
+                              f"pytorch_model.bin in {checkpoint_dir}; a HuggingFace "
+                              "checkpoint directory holds config.json and its weights.")
     tensors: dict[str, Tensor] = {}
     for name in files:
-        # framework="flax" reads bfloat16 too, which plain numpy cannot represent.
-        with safe_open(os.path.join(checkpoint_dir, name), framework="flax") as f:
-            for key in f.keys():
-                tensors[key] = np.asarray(f.get_tensor(key), dtype=np.float32)
+        path = os.path.join(checkpoint_dir, name)
+        try:
+            # framework="flax" reads bfloat16 too, which plain numpy cannot represent.
+            with safe_open(path, framework="flax") as f:
+                for key in f.keys():
+                    tensors[key] = np.asarray(f.get_tensor(key), dtype=np.float32)
+        except Exception as e:  # noqa: BLE001 - SafetensorError, OSError: truncated, not one
+            raise CheckpointError(
+                f"{path} is not a readable safetensors file ({str(e).splitlines()[0][:200]}); "
+                "it may be truncated: fetch it again.") from None
     return tensors
 
 
+def _torch_load(path: str) -> dict[str, Tensor]:
+    """One PyTorch file's tensors through torch's weights-only unpickler."""
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - UnpicklingError, RuntimeError, EOFError, ...
+        raise CheckpointError(
+            f"{path} was not loaded: it is truncated or holds more than tensors (torch's "
+            f"weights-only loader refused it: {str(e).splitlines()[0][:200]}); unpickling "
+            "such a file could run code. Fetch it again, or use a safetensors copy of the "
+            "checkpoint.") from None
+    return {k: v.float().numpy() for k, v in state.items()}
+
+
 def read_tensors(checkpoint_dir: str) -> dict[str, Tensor]:
-    """A checkpoint's tensors: safetensors, or else a PyTorch `pytorch_model.bin` read with
-    torch's weights-only unpickler, which builds tensors and plain containers and refuses
-    anything else, so nothing in the file can run code."""
+    """A checkpoint's tensors: safetensors, or else a PyTorch `pytorch_model.bin` (or the
+    shards its `pytorch_model.bin.index.json` lists) read with torch's weights-only
+    unpickler, which builds tensors and plain containers and refuses anything else, so
+    nothing in the file can run code."""
+    bin_index = "pytorch_model.bin.index.json"
     bin_path = os.path.join(checkpoint_dir, "pytorch_model.bin")
     has_safetensors = any(n.startswith("model.safetensors") for n in os.listdir(checkpoint_dir))
-    if has_safetensors or not os.path.exists(bin_path):
+    has_bin_index = os.path.exists(os.path.join(checkpoint_dir, bin_index))
+    if has_safetensors or not (os.path.exists(bin_path) or has_bin_index):
         return read_safetensors(checkpoint_dir)
+    files = shard_files(checkpoint_dir, bin_index) if has_bin_index else ["pytorch_model.bin"]
     try:
-        import torch
+        import torch  # noqa: F401
     except ImportError as e:
         raise CheckpointError(f"{bin_path} is a PyTorch pickle file; reading it safely needs "
                               "torch (pip install torch==2.13.0), or convert it to safetensors "
                               "with transformers' save_pretrained(...).") from e
-    try:
-        state = torch.load(bin_path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - UnpicklingError, RuntimeError, EOFError, ...
-        raise CheckpointError(
-            f"{bin_path} was not loaded: it holds more than tensors (torch's weights-only "
-            f"loader refused it: {str(e).splitlines()[0][:200]}), and unpickling such a file "
-            "could run code. Use a safetensors copy of the checkpoint.") from None
-    return {k: v.float().numpy() for k, v in state.items()}
+    tensors: dict[str, Tensor] = {}
+    for name in files:
+        tensors.update(_torch_load(os.path.join(checkpoint_dir, name)))
+    return tensors
 
 
 def read_config(checkpoint_dir: str) -> dict[str, Any]:
+    """The checkpoint's config.json as a dictionary; a missing, unreadable or malformed file
+    is a CheckpointError naming it."""
     path = os.path.join(checkpoint_dir, "config.json")
     if not os.path.exists(path):
-        raise CheckpointError(f"No config.json in {checkpoint_dir}; a HuggingFace T5 checkpoint "
+        raise CheckpointError(f"No config.json in {checkpoint_dir}; a HuggingFace checkpoint "
                               "directory holds config.json and model.safetensors.")
-    with open(path) as f:
-        return json.load(f)
+    return _read_json(path, "it should be the config.json transformers' save_pretrained "
+                            "writes: fetch or re-save it.")
 
 
 def params_from_hf(tensors: dict[str, Tensor], cfg: T5Config) -> Params:
