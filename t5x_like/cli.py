@@ -32,6 +32,12 @@ def parse_args(argv: Sequence[str], description: str) -> tuple[list[str], list[s
     return args.gin_file, bindings
 
 
+def one_line(error: BaseException) -> str:
+    """The error's own message, without the note gin appends to errors raised inside a
+    configurable ("In call to configurable 'train' (<function ...>)"): one line to read."""
+    return str(error).split("\n  In call to configurable")[0]
+
+
 def run(entry: Callable[[], Any], argv: Sequence[str] | None, description: str) -> int:
     """Hide the GPUs from TensorFlow, parse gin, start multi-process jax if configured, run
     `entry()`."""
@@ -56,10 +62,10 @@ def run(entry: Callable[[], Any], argv: Sequence[str] | None, description: str) 
     try:
         entry()
     except config_lib.ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
     except run_health.NonFiniteLoss as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 3
     return 0
 

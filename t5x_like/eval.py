@@ -29,7 +29,7 @@ import gin
 import jax
 import seqio
 
-from t5x_like import (classifier_eval, cli, decoding, evaluation, input_pipeline,
+from t5x_like import (classifier_eval, cli, decoding, evaluation, input_pipeline, logs,
                       partitioning, storage)
 from t5x_like.checkpoints import params_io
 from t5x_like.config import ConfigError
@@ -90,8 +90,7 @@ def evaluate(checkpoint: str | None = None, task: str = "glue_v002_proportional"
             results[name] = classifier_eval.evaluate_task(model, params, name, split,
                                                           feature_lengths, batch_size,
                                                           max_examples)
-            print(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in results[name].items()),
-                  flush=True)
+            logs.log(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in results[name].items()))
         _write_metrics(output_dir, results)
         return results
     predict_fn = evaluation.make_predict_fn(model, feature_lengths["targets"],
@@ -99,13 +98,13 @@ def evaluate(checkpoint: str | None = None, task: str = "glue_v002_proportional"
     for name in task_names:
         metrics, predictions = evaluation.evaluate_task(predict_fn, params, name, split,
                                                         feature_lengths, batch_size,
-                                                        max_examples)
+                                                        max_examples, show_progress=True)
         results[name] = metrics
         if jax.process_index() == 0:
             evaluation.write_jsonl(os.path.join(output_dir, f"{name}_{split}.jsonl"),
                                    (p.to_json() for p in predictions))
-        print(f"{name} ({len(predictions)} examples): " +
-              ", ".join(f"{k} {v:.2f}" for k, v in metrics.items()), flush=True)
+        logs.log(f"{name} ({len(predictions)} examples): " +
+                 ", ".join(f"{k} {v:.2f}" for k, v in metrics.items()))
     _write_metrics(output_dir, results)
     return results
 

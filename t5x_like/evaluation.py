@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import seqio
 
-from t5x_like import decoding, input_pipeline, storage
+from t5x_like import decoding, input_pipeline, logs, storage
 from t5x_like.config import ConfigError
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
 
@@ -98,11 +98,17 @@ def task_examples(task_name: str, split: str, feature_lengths: Mapping[str, int]
 
 def predict(predict_fn: PredictFn, params: Any, examples: Iterable[dict[str, Any]],
             vocabulary: seqio.Vocabulary, batch_size: int,
-            inputs_length: int) -> list[Prediction]:
-    """Decode every example; text comes from `inputs_pretokenized` when present."""
-    out = []
+            inputs_length: int, progress: str | None = None,
+            total: int | None = None) -> list[Prediction]:
+    """Decode every example; text comes from `inputs_pretokenized` when present. With
+    `progress` (the bar's name), a bar counts the examples decoded, with an ETA when `total`
+    (the number of examples expected) is given."""
+    out: list[Prediction] = []
+    bar = logs.progress(desc=progress, total=total, unit="ex") if progress else None
     for chunk, ids in _batches(examples, batch_size, inputs_length):
         tokens, scores = jax.device_get(predict_fn(params, {"inputs": ids}))
+        if bar is not None:
+            bar.update(len(chunk))
         for i, ex in enumerate(chunk):
             inputs = ex.get("inputs_pretokenized")
             target = ex.get("targets_pretokenized")
@@ -113,6 +119,8 @@ def predict(predict_fn: PredictFn, params: Any, examples: Iterable[dict[str, Any
                 score=float(scores[i]),
                 target=target.decode() if isinstance(target, bytes) else None,
                 example=ex))
+    if bar is not None:
+        bar.close()
     return out
 
 
@@ -132,13 +140,30 @@ def score(task: seqio.Task, predictions: Sequence[Prediction]) -> dict[str, floa
 
 def evaluate_task(predict_fn: PredictFn, params: Any, task_name: str, split: str,
                   feature_lengths: Mapping[str, int], batch_size: int,
-                  max_examples: int | None = None) -> tuple[dict[str, float], list[Prediction]]:
+                  max_examples: int | None = None,
+                  show_progress: bool = False) -> tuple[dict[str, float], list[Prediction]]:
+    """The task's metrics and predictions; `show_progress` draws a bar (off inside training,
+    whose own bar is on screen)."""
     task = input_pipeline.resolve_task(task_name)
     vocabulary = task.output_features["targets"].vocabulary
+    total = expected_examples(task, split, max_examples) if show_progress else None
     predictions = predict(predict_fn, params,
                           task_examples(task_name, split, feature_lengths, max_examples),
-                          vocabulary, batch_size, feature_lengths["inputs"])
+                          vocabulary, batch_size, feature_lengths["inputs"],
+                          progress=f"eval {task_name}" if show_progress else None, total=total)
     return score(task, predictions), predictions
+
+
+def expected_examples(task: seqio.Task, split: str, max_examples: int | None) -> int | None:
+    """How many examples the split's source holds (capped at `max_examples`), for the ETA;
+    None when the source does not say. A preprocessor that filters makes it an upper bound."""
+    try:
+        count = task.num_input_examples(split)
+    except Exception:  # noqa: BLE001 - a source without counts only costs the ETA
+        count = None
+    if max_examples:
+        return min(count, max_examples) if count else max_examples
+    return count
 
 
 def evaluable_tasks(task_or_mixture: str, split: str = "validation") -> list[str]:

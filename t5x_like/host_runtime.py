@@ -24,19 +24,29 @@ Both must happen before jax starts its backend threads, which is why the package
 On GPU hosts one more process-wide setting: TensorFlow (seqio's input pipeline) must not see
 the GPUs, or its first op reserves most of their memory for itself and JAX runs out
 (`hide_gpus_from_tensorflow`, as t5x and MaxText do before training).
+
+And a clean log (`quiet_library_logs`): a CPU run printed TensorFlow's start-up notices
+(oneDNN, "Could not find cuda drivers", the CPU-instructions banner), TensorFlow's failed
+`cuInit` on hosts without a GPU, and two absl warnings about the libraries' own workings, none
+of which the user can or need act on. Each is dropped by its exact text; errors and warnings
+that could concern the user still print.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import glob
 import importlib.abc
 import importlib.util
 import os
 import platform
+import re
 import sys
+import tempfile
 import warnings
 from types import ModuleType
-from typing import Callable
+from typing import Callable, ContextManager, Iterator
 
 CPU_XLA_FLAGS = {"--xla_cpu_experimental_ynn_fusion_type": "dot"}
 
@@ -127,7 +137,8 @@ def _hide_gpus(tf: ModuleType) -> None:
     op ran before), which is then said, not raised: the run still works, with less memory."""
     global tensorflow_gpus_hidden
     try:
-        tf.config.set_visible_devices([], "GPU")
+        with native_stderr_without(_no_gpu_host_noise):
+            tf.config.set_visible_devices([], "GPU")
     except RuntimeError as e:
         warnings.warn(f"TensorFlow started before t5x_like could hide the GPUs from it ({e}); "
                       "it may hold GPU memory JAX needs. Import t5x_like (or call "
@@ -142,8 +153,9 @@ class _AfterImport(importlib.abc.MetaPathFinder):
     post-import hook exists in Python): finds the module's spec through the other finders
     and wraps that spec's loader's `exec_module`, leaving the loader otherwise as it is."""
 
-    def __init__(self, name: str, callback: Callable[[ModuleType], None]) -> None:
-        self.name, self.callback = name, callback
+    def __init__(self, name: str, callback: Callable[[ModuleType], None],
+                 around: Callable[[], ContextManager] = contextlib.nullcontext) -> None:
+        self.name, self.callback, self.around = name, callback, around
         self._finding = False
 
     def find_spec(self, fullname, path=None, target=None):  # noqa: ARG002 - finder API
@@ -158,10 +170,11 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             sys.meta_path.remove(self)
         if spec is None or spec.loader is None:
             return spec
-        exec_module, callback = spec.loader.exec_module, self.callback
+        exec_module, callback, around = spec.loader.exec_module, self.callback, self.around
 
         def exec_then_call(module: ModuleType) -> None:
-            exec_module(module)
+            with around():
+                exec_module(module)
             callback(module)
 
         spec.loader.exec_module = exec_then_call  # type: ignore[method-assign]
@@ -174,5 +187,117 @@ def hide_gpus_from_tensorflow() -> None:
     tf = sys.modules.get("tensorflow")
     if tf is not None:
         _hide_gpus(tf)
-    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+    elif not any(getattr(f, "callback", None) is _hide_gpus for f in sys.meta_path):
         sys.meta_path.insert(0, _AfterImport("tensorflow", _hide_gpus))
+
+
+# ------------------------------------------------------------------------ a clean log
+# TensorFlow's C++ log lines (absl's format: severity, date, time, thread, file:line]).
+_NATIVE_LINE = re.compile(r"^([IWEF])\d{4} [\d:.]+\s+\d+ [^\]]+\] ")
+_SEVERITY = {"I": 0, "W": 1, "E": 2, "F": 3}
+# absl says this once per library that logs before its log is set up (TF's two libraries
+# each log their start-up notices then); it announces the lines dropped below.
+_PRE_INIT_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called"
+# TensorFlow's error on a host without an NVIDIA driver, when it first lists its devices
+# (hide_gpus_from_tensorflow does): such a host has no GPU to use.
+_NO_GPU_CUINIT = "failed call to cuInit"
+# absl (Python) warnings about the libraries' own workings, by their opening words:
+ABSL_NOISE = (
+    # orbax-checkpoint registers its own handler for jax.Array over its default one, on
+    # import (orbax/checkpoint/_src/serialization/type_handler_registry.py).
+    "Type handler registry type",
+    # seqio warns when training on a FunctionDataset (the offline corpus, text_corpus),
+    # because a restart would reshuffle it; t5x_like's input is in a fixed order and a
+    # resumed run continues from the saved input position (train_data), so it does not.
+    "Using an uncached FunctionDataset for training",
+)
+
+
+def has_nvidia_device() -> bool:
+    """Whether the NVIDIA driver made a device node (/dev/nvidia0, ...): a host without one
+    has no GPU for TensorFlow or JAX, however CUDA's libraries are installed."""
+    return bool(glob.glob("/dev/nvidia[0-9]*"))
+
+
+def _tf_min_log_level() -> int:
+    try:
+        return int(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0"))
+    except ValueError:
+        return 0
+
+
+def _tf_startup_noise(line: str) -> bool:
+    """A line TensorFlow logs while it loads, below TF_CPP_MIN_LOG_LEVEL: it logs them before
+    reading that setting, so they print whatever it is."""
+    if line.startswith(_PRE_INIT_NOTICE):
+        return _tf_min_log_level() >= 1
+    match = _NATIVE_LINE.match(line)
+    return bool(match) and _SEVERITY[match.group(1)] < _tf_min_log_level()
+
+
+def _no_gpu_host_noise(line: str) -> bool:
+    return _NO_GPU_CUINIT in line and not has_nvidia_device()
+
+
+@contextlib.contextmanager
+def native_stderr_without(drop: Callable[[str], bool]) -> Iterator[None]:
+    """Hold what is written to file descriptor 2 (C++ code writes there directly, past
+    sys.stderr) while the block runs, then write it out less the lines `drop` matches. A file
+    rather than a pipe, so a chatty library cannot fill a pipe no one reads while it holds
+    the GIL."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no usable stderr: nothing to filter
+        yield
+        return
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            text = held.read().decode("utf-8", errors="replace")
+            kept = "".join(line for line in text.splitlines(keepends=True) if not drop(line))
+            if kept:
+                os.write(2, kept.encode("utf-8"))
+
+
+class _AbslNoise:
+    """A logging filter dropping the records whose message begins with one of ABSL_NOISE."""
+
+    def filter(self, record) -> bool:  # noqa: A003 - logging's Filter API
+        return not str(record.msg).startswith(ABSL_NOISE)
+
+
+def quiet_library_logs() -> None:
+    """Keep the log to what concerns the user, before TensorFlow or jax load:
+
+    - TF_CPP_MIN_LOG_LEVEL=2 unless set: TensorFlow's C++ INFO and WARNING lines (its CPU
+      instructions banner, ...) are about its build; its errors still print. Set it to 0 to
+      see everything.
+    - the same level applied to the lines TensorFlow logs while loading, before it reads the
+      setting (oneDNN's notice, "Could not find cuda drivers"), and its failed cuInit on a
+      host without an NVIDIA device (see `has_nvidia_device`);
+    - the absl warnings in ABSL_NOISE.
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if "tensorflow" not in sys.modules and not any(
+            getattr(f, "callback", None) is _ignore for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(
+            "tensorflow", _ignore,
+            around=lambda: native_stderr_without(
+                lambda line: _tf_startup_noise(line) or _no_gpu_host_noise(line))))
+    from absl import logging as absl_logging
+
+    absl_logger = absl_logging.get_absl_logger()
+    if not any(isinstance(f, _AbslNoise) for f in absl_logger.filters):
+        absl_logger.addFilter(_AbslNoise())
+
+
+def _ignore(_: ModuleType) -> None:
+    """No follow-up: `quiet_library_logs` only wraps TensorFlow's import."""

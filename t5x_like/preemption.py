@@ -4,7 +4,10 @@ Cloud VM's metadata server (what a TPU VM gets before maintenance takes it down)
 
 One process: a SIGTERM handler or the maintenance poller sets a flag and the training loop, at
 the next step boundary, saves a checkpoint at that step and returns normally (exit code 0), so
-rerunning the same command resumes there.
+rerunning the same command resumes there. Before the first step (start-up: data, compilation)
+a SIGTERM ends the run at once, with exit code 0 and nothing saved, as nothing was trained. The
+handler stays installed until the last save has finished, so a second SIGTERM during it is
+not fatal.
 
 Several processes: jax's preemption sync point (`multihost_utils.reached_preemption_sync_point`,
 fed by the coordination service) makes every process stop at the same step, as orbax's
@@ -51,6 +54,12 @@ def read_maintenance_event(url: str, timeout_s: float = 2.0) -> str | None:
         return None
 
 
+class StoppedBeforeFirstStep(BaseException):
+    """SIGTERM during start-up: nothing has been trained, so nothing is saved; the run ends
+    with exit 0. (A BaseException, like KeyboardInterrupt, so no `except Exception` of the
+    start-up code swallows it.)"""
+
+
 @gin.configurable
 class PreemptionWatcher:
     """`should_stop(step)` after each step; `close()` restores the previous SIGTERM handler and
@@ -61,8 +70,9 @@ class PreemptionWatcher:
     """
 
     def __init__(self, maintenance_event_url: str | None = "auto",
-                 poll_seconds: float = 5.0) -> None:
+                 poll_seconds: float = 5.0, started: bool = True) -> None:
         self.signal_name: str | None = None
+        self._started = started  # False: a signal raises StoppedBeforeFirstStep until started()
         self._previous = None
         self._multi_process = jax.process_count() > 1
         self._closed = threading.Event()
@@ -81,6 +91,13 @@ class PreemptionWatcher:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         del frame
         self.signal_name = signal.Signals(signum).name
+        if not self._started:
+            raise StoppedBeforeFirstStep(self.signal_name)
+
+    def started(self) -> None:
+        """Training has begun: from now on a signal stops the run at the next step boundary
+        (with a checkpoint) instead of ending start-up at once."""
+        self._started = True
 
     def _poll(self, url: str, poll_seconds: float) -> None:
         while not self._closed.wait(poll_seconds):

@@ -35,8 +35,8 @@ from tqdm import tqdm
 
 from t5x_like import config as config_lib
 from t5x_like import (cli, classifier_eval, decoding, evaluation, flops, hardware,
-                      input_pipeline, optimizers, partitioning, preemption, run_health,
-                      storage, train_data, trainer)
+                      input_pipeline, logs, optimizers, partitioning, preemption,
+                      run_health, run_lock, storage, train_data, trainer)
 from t5x_like.checkpoints import params_io
 from t5x_like.models.base import Model
 from t5x_like.models import t5
@@ -172,236 +172,258 @@ def train(
     # --- checks, before anything expensive -----------------------------------------------
     config_lib.check_numbers("train", locals(), SETTINGS)  # before MODEL_DIR is touched
     model_dir = _check_model_dir(model_dir)
-    if tfds_data_dir:
-        seqio.set_tfds_data_dir_override(tfds_data_dir)
-    task_obj = input_pipeline.resolve_task(task)
-    input_pipeline.check_data_available(task_obj, "train")
-    if train_epochs:
-        train_steps = input_pipeline.steps_for_epochs(task_obj, train_epochs, batch_size)
-    if warmup_proportion is not None:
-        warmup_steps = int(train_steps * warmup_proportion)
-    phase_plan = _phase_plan(phases, task_feature_lengths, train_steps)
-    profile = _profile_window(profile_steps)
-    model = model_class()
-    cfg = model.config
-    input_pipeline.check_vocabulary(task_obj, cfg.vocab_size)
-    input_pipeline.check_num_labels(task_obj, model)
-    for _, lengths in phase_plan:
-        input_pipeline.check_sequence_fits(model, lengths, pack)
-    mesh = partitioning.make_mesh()
-    rules = partitioning.logical_axis_rules(num_partitions=partitioning.model_axis_size(mesh))
-    partitioning.check_rules_match_mesh(rules, mesh)
-    partitioning.check_batch_size(batch_size, mesh, num_microbatches, rules)
-    lr_fn = optimizers.learning_rate_schedule(learning_rate_schedule, warmup_steps,
-                                              learning_rate_scale, constant_learning_rate,
-                                              peak_learning_rate, train_steps)
-    tx = optimizers.make_optimizer(optimizer, lr_fn, getattr(model, "frozen_modules", ()))
-    layout = trainer.make_layout(model, tx, mesh, rules)  # abstract: cheap
-    abstract = trainer.abstract_state(model, tx, layout)
-    checkpointer = trainer.Checkpointer(model_dir, keep_checkpoints)
-    start_step = checkpointer.latest_step() or 0
-    resuming = (f"Resuming from step {start_step}, the newest complete checkpoint."
-                if start_step else "There is no complete checkpoint: starting afresh.")
-    for leftover in checkpointer.interrupted_saves:
-        _log(f"Ignoring {leftover} in {checkpointer.directory}: a save that was interrupted "
-             f"before it completed (removed now). {resuming}")
-    for step in checkpointer.unverified_saves:
-        _log(f"Ignoring step {step} in {checkpointer.directory}: it has no manifest (the run "
-             f"stopped before it was written), so it cannot be checked (removed now). {resuming}")
-    vocabularies = input_pipeline.task_vocabularies(task_obj)
-    record = checkpointer.restore_record(start_step) if start_step else {}
-    if start_step:
-        _check_resume_config(checkpointer, cfg)
-        input_pipeline.check_resumed_vocabulary(record.get("vocabularies", {}), vocabularies,
-                                                model_dir, task)
-    elif init_checkpoint:
-        params_io.check_compatible(
-            params_io.restore_config(params_io.checkpoint_directory(init_checkpoint)), cfg,
-            init_checkpoint)
-    eval_tasks = evaluation.evaluable_tasks(task) if metrics_eval_every else []
+    # One run per MODEL_DIR (process 0 holds the lock for all), before anything is removed
+    # or written there.
+    lock = run_lock.acquire(model_dir) if jax.process_index() == 0 else None
+    # From here a SIGTERM ends start-up at once (nothing trained, nothing saved: exit 0) and,
+    # once training has begun, stops it at the next step with a checkpoint.
+    watcher = preemption.PreemptionWatcher(started=False)
+    try:
+        if tfds_data_dir:
+            seqio.set_tfds_data_dir_override(tfds_data_dir)
+        task_obj = input_pipeline.resolve_task(task)
+        input_pipeline.check_data_available(task_obj, "train")
+        if train_epochs:
+            train_steps = input_pipeline.steps_for_epochs(task_obj, train_epochs, batch_size)
+        if warmup_proportion is not None:
+            warmup_steps = int(train_steps * warmup_proportion)
+        phase_plan = _phase_plan(phases, task_feature_lengths, train_steps)
+        profile = _profile_window(profile_steps)
+        model = model_class()
+        cfg = model.config
+        input_pipeline.check_vocabulary(task_obj, cfg.vocab_size)
+        input_pipeline.check_num_labels(task_obj, model)
+        for _, lengths in phase_plan:
+            input_pipeline.check_sequence_fits(model, lengths, pack)
+        mesh = partitioning.make_mesh()
+        rules = partitioning.logical_axis_rules(num_partitions=partitioning.model_axis_size(mesh))
+        partitioning.check_rules_match_mesh(rules, mesh)
+        partitioning.check_batch_size(batch_size, mesh, num_microbatches, rules)
+        lr_fn = optimizers.learning_rate_schedule(learning_rate_schedule, warmup_steps,
+                                                  learning_rate_scale, constant_learning_rate,
+                                                  peak_learning_rate, train_steps)
+        tx = optimizers.make_optimizer(optimizer, lr_fn, getattr(model, "frozen_modules", ()))
+        layout = trainer.make_layout(model, tx, mesh, rules)  # abstract: cheap
+        abstract = trainer.abstract_state(model, tx, layout)
+        checkpointer = trainer.Checkpointer(model_dir, keep_checkpoints)
+        start_step = checkpointer.latest_step() or 0
+        resuming = (f"Resuming from step {start_step}, the newest complete checkpoint."
+                    if start_step else "There is no complete checkpoint: starting afresh.")
+        for leftover in checkpointer.interrupted_saves:
+            _log(f"Ignoring {leftover} in {checkpointer.directory}: a save that was interrupted "
+                 f"before it completed (removed now). {resuming}")
+        for step in checkpointer.unverified_saves:
+            _log(f"Ignoring step {step} in {checkpointer.directory}: it has no manifest (the "
+                 "run stopped before it was written), so it cannot be checked (removed now). "
+                 f"{resuming}")
+        vocabularies = input_pipeline.task_vocabularies(task_obj)
+        record = checkpointer.restore_record(start_step) if start_step else {}
+        if start_step:
+            _check_resume_config(checkpointer, cfg)
+            input_pipeline.check_resumed_vocabulary(record.get("vocabularies", {}), vocabularies,
+                                                    model_dir, task)
+        elif init_checkpoint:
+            params_io.check_compatible(
+                params_io.restore_config(params_io.checkpoint_directory(init_checkpoint)), cfg,
+                init_checkpoint)
+        eval_tasks = evaluation.evaluable_tasks(task) if metrics_eval_every else []
 
-    print(f"Operative config (saved to {model_dir}/config.gin):\n{gin.operative_config_str()}",
-          flush=True)
-    _write_text(os.path.join(model_dir, "config.gin"), gin.operative_config_str())
-    table, _ = partitioning.parameter_table(layout.boxed_params, layout.state_shardings.params)
-    state_bytes = partitioning.state_bytes_per_device(abstract, layout.state_shardings)
-    report = (f"{partitioning.describe_mesh(mesh)}; rules {list(rules)}\n{table}\n"
-              f"parameters + optimizer state per device: {state_bytes:,} bytes\n"
-              f"{model_size_line(model, phase_plan[0][1], batch_size)}")
-    _log(report)
-    _write_text(os.path.join(model_dir, "partitioning.txt"), report + "\n")
+        print(f"Operative config (saved to {model_dir}/config.gin):\n{gin.operative_config_str()}",
+              flush=True)
+        _write_text(os.path.join(model_dir, "config.gin"), gin.operative_config_str())
+        table, _ = partitioning.parameter_table(layout.boxed_params, layout.state_shardings.params)
+        state_bytes = partitioning.state_bytes_per_device(abstract, layout.state_shardings)
+        report = (f"{partitioning.describe_mesh(mesh)}; rules {list(rules)}\n{table}\n"
+                  f"parameters + optimizer state per device: {state_bytes:,} bytes\n"
+                  f"{model_size_line(model, phase_plan[0][1], batch_size)}")
+        _log(report)
+        _write_text(os.path.join(model_dir, "partitioning.txt"), report + "\n")
 
-    # --- data --------------------------------------------------------------------------
-    saved_order = (train_data.DataOrder(**record["data_order"]) if "data_order" in record
-                   else None)
-    order = train_data.DataOrder(task, batch_size, seed, train_data.resolve_data_shards(
-        data_shards, batch_size, jax.process_count(), saved_order))
-    if saved_order is not None and saved_order != order:
-        _log(f"Note: the interrupted run read {saved_order}; this one reads {order}, so the "
-             "batches from here on differ from the ones it would have seen.")
+        # --- data --------------------------------------------------------------------------
+        saved_order = (train_data.DataOrder(**record["data_order"]) if "data_order" in record
+                       else None)
+        order = train_data.DataOrder(task, batch_size, seed, train_data.resolve_data_shards(
+            data_shards, batch_size, jax.process_count(), saved_order))
+        if saved_order is not None and saved_order != order:
+            _log(f"Note: the interrupted run read {saved_order}; this one reads {order}, so the "
+                 "batches from here on differ from the ones it would have seen.")
 
-    def train_batches(phase_index: int, step: int) -> train_data.HostBatches:
-        """The phase's stream (seeded by the step the phase starts at), from `step` on: where
-        the checkpoint of `step` saved it, else by skipping the phase's batches before it."""
-        first = _phase_start(phase_plan, phase_index)
-        stream = train_data.HostBatches(
-            dataclasses.replace(order, seed=seed + first), phase_plan[phase_index][1],
-            start_batch=step - first, pack=pack, model=model,
-            restore_from=train_data.input_state_dir(model_dir, step) if step > first else None)
-        if step > first:
-            _log(f"step {step:>7}  input pipeline: {stream.how_started}, so the data continues "
-                 "exactly where the run left it")
-        input_position.stream, input_position.first = stream, first
-        return stream
+        def train_batches(phase_index: int, step: int) -> train_data.HostBatches:
+            """The phase's stream (seeded by the step the phase starts at), from `step` on: where
+            the checkpoint of `step` saved it, else by skipping the phase's batches before it."""
+            first = _phase_start(phase_plan, phase_index)
+            stream = train_data.HostBatches(
+                dataclasses.replace(order, seed=seed + first), phase_plan[phase_index][1],
+                start_batch=step - first, pack=pack, model=model,
+                restore_from=train_data.input_state_dir(model_dir, step) if step > first else None)
+            if step > first:
+                _log(f"step {step:>7}  input pipeline: {stream.how_started}, so the data continues "
+                     "exactly where the run left it")
+            input_position.stream, input_position.first = stream, first
+            return stream
 
-    input_position = _InputPosition()
-    phase = _phase_at(phase_plan, start_step)
-    feature_lengths = dict(phase_plan[phase][1])
-    train_iter = train_batches(phase, start_step)
-    first_batch = next(train_iter, None)  # before the state is built: an empty task fails now
-    input_pipeline.check_not_empty(first_batch, task, "train", feature_lengths)
-    train_iter = itertools.chain([first_batch], train_iter)
-    if len(phase_plan) > 1:
-        _log(f"step {start_step:>7}  phase {phase + 1} of {len(phase_plan)}: task feature "
-             f"lengths {feature_lengths}")
+        input_position = _InputPosition()
+        phase = _phase_at(phase_plan, start_step)
+        feature_lengths = dict(phase_plan[phase][1])
+        train_iter = train_batches(phase, start_step)
+        first_batch = next(train_iter, None)  # before the state is built: an empty task fails now
+        input_pipeline.check_not_empty(first_batch, task, "train", feature_lengths)
+        train_iter = itertools.chain([first_batch], train_iter)
+        if len(phase_plan) > 1:
+            _log(f"step {start_step:>7}  phase {phase + 1} of {len(phase_plan)}: task feature "
+                 f"lengths {feature_lengths}")
 
-    # --- model state ----------------------------------------------------------------------
-    rng = jax.random.key(seed)
-    if start_step:
-        state = checkpointer.restore(abstract, start_step)
-        _log(f"Resumed from the checkpoint at step {start_step} in {checkpointer.directory}")
-    elif init_checkpoint:
-        params = params_io.load_pretrained(
-            init_checkpoint, cfg, abstract.params,
-            fresh_params=lambda: trainer.init_state(model, tx, rng, layout).params)
-        state = trainer.state_from_params(params, tx, layout)
-        _log(f"Fine-tuning from the parameters in {init_checkpoint}")
-    else:
-        state = trainer.init_state(model, tx, rng, layout)
-    train_step = trainer.make_train_step(model, tx, lr_fn, layout, num_microbatches,
-                                         nonfinite_policy, tuple(inject_nonfinite_at_steps))
-    spikes = run_health.LossSpikes(loss_spike_ratio)
-    # Non-finite steps skipped before the current log window (the window's are read with it).
-    nonfinite_logged = int(record.get("nonfinite_steps", 0))
+        # --- model state ----------------------------------------------------------------------
+        rng = jax.random.key(seed)
+        if start_step:
+            state = checkpointer.restore(abstract, start_step)
+            _log(f"Resumed from the checkpoint at step {start_step} in {checkpointer.directory}")
+        elif init_checkpoint:
+            params = params_io.load_pretrained(
+                init_checkpoint, cfg, abstract.params,
+                fresh_params=lambda: trainer.init_state(model, tx, rng, layout).params)
+            state = trainer.state_from_params(params, tx, layout)
+            _log(f"Fine-tuning from the parameters in {init_checkpoint}")
+        else:
+            state = trainer.init_state(model, tx, rng, layout)
+        train_step = trainer.make_train_step(model, tx, lr_fn, layout, num_microbatches,
+                                             nonfinite_policy, tuple(inject_nonfinite_at_steps))
+        spikes = run_health.LossSpikes(loss_spike_ratio)
+        # Non-finite steps skipped before the current log window (the window's are read with it).
+        nonfinite_logged = int(record.get("nonfinite_steps", 0))
 
-    def save(state: trainer.TrainState) -> None:
-        pending = sum(int(m["nonfinite"]) for m in jax.device_get(window))
-        _save_input_position(int(state.step))
-        checkpointer.save(state, cfg, {"data_order": order.to_json(),
-                                       "nonfinite_steps": nonfinite_logged + pending,
-                                       "vocabularies": vocabularies})
-        kept = checkpointer.steps()
-        if kept and jax.process_index() == 0:
-            train_data.remove_input_states_before(model_dir, min(kept))
+        def save(state: trainer.TrainState) -> None:
+            """Start saving `state` (in the background); say "saved" of the previous save,
+            now that it is."""
+            pending = sum(int(m["nonfinite"]) for m in jax.device_get(window))
+            _save_input_position(int(state.step))
+            _log_saved(checkpointer.save(state, cfg, {
+                "data_order": order.to_json(), "nonfinite_steps": nonfinite_logged + pending,
+                "vocabularies": vocabularies}))
+            kept = checkpointer.steps()
+            if kept and jax.process_index() == 0:
+                train_data.remove_input_states_before(model_dir, min(kept))
 
-    def _save_input_position(step: int) -> None:
-        """Save the input pipeline beside the checkpoint of `step`, if it stands at that step
-        (after a non-finite stop it has read one batch more: a resume then skips instead)."""
-        stream = input_position.stream
-        if stream.position != step - input_position.first:
-            return
-        why_not = stream.save(train_data.input_state_dir(model_dir, step))
-        if why_not and not input_position.warned:
-            input_position.warned = True
-            _log(f"step {step:>7}  Note: the input pipeline's position could not be saved "
-                 f"({why_not}); a resume will re-read the batches before its step instead.")
-    eval_step = trainer.make_eval_step(model, layout)
+        def _save_input_position(step: int) -> None:
+            """Save the input pipeline beside the checkpoint of `step`, if it stands at that step
+            (after a non-finite stop it has read one batch more: a resume then skips instead)."""
+            stream = input_position.stream
+            if stream.position != step - input_position.first:
+                return
+            why_not = stream.save(train_data.input_state_dir(model_dir, step))
+            if why_not and not input_position.warned:
+                input_position.warned = True
+                _log(f"step {step:>7}  Note: the input pipeline's position could not be saved "
+                     f"({why_not}); a resume will re-read the batches before its step instead.")
+        eval_step = trainer.make_eval_step(model, layout)
 
-    writer = metric_writers.create_default_writer(
-        os.path.join(model_dir, "tensorboard"), just_logging=jax.process_index() > 0)
-    tokens_per_batch = batch_size * sum(feature_lengths.values())
-    peak, peak_source = hardware.peak_flops()
-    _log(f"MFU is model FLOPs per second over {peak:.4g} FLOP/s ({peak_source})")
-    best = BestCheckpoints(os.path.join(model_dir, "best"))
+        writer = metric_writers.create_default_writer(
+            os.path.join(model_dir, "tensorboard"), just_logging=jax.process_index() > 0)
+        tokens_per_batch = batch_size * sum(feature_lengths.values())
+        peak, peak_source = hardware.peak_flops()
+        _log(f"MFU is model FLOPs per second over {peak:.4g} FLOP/s ({peak_source})")
+        best = BestCheckpoints(os.path.join(model_dir, "best"))
 
-    # --- loop ----------------------------------------------------------------------------
-    bar = tqdm(total=train_steps, initial=start_step, desc="train", dynamic_ncols=True,
-               mininterval=1.0 if sys.stderr.isatty() else 30.0)
-    window: list[dict[str, jax.Array]] = []
-    eval_data = None
-    window_start = time.perf_counter()
-    step = start_step
-    watcher = preemption.PreemptionWatcher()
-    preempted = profiling = False
-    while step < train_steps:
-        if _phase_at(phase_plan, step) != phase:
-            phase = _phase_at(phase_plan, step)
-            feature_lengths = dict(phase_plan[phase][1])
-            tokens_per_batch = batch_size * sum(feature_lengths.values())
-            train_iter, eval_data = train_batches(phase, step), None
-            _log(f"step {step:>7}  phase {phase + 1} of {len(phase_plan)}: task feature lengths "
-                 f"{feature_lengths}")
-        batch = layout.global_batch(next(train_iter))
-        if profile and step == profile[0]:
-            trace_dir = _start_trace(model_dir)
-            profiling = True
-        with layout.context():
-            state, metrics = train_step(state, batch, rng)
-        step += 1
-        if nonfinite_policy == "stop" and int(metrics["nonfinite"]):  # one scalar read per step
-            watcher.close()
-            bar.close()
-            _stop_on_nonfinite(step, jax.device_get(metrics), state, save, checkpointer)
-        if profiling and step == profile[1]:
-            profiling = False
-            jax.block_until_ready(state)
-            _stop_trace(trace_dir, model_dir)
-            _log(f"step {step:>7}  profile of steps {profile[0]}-{profile[1]} written to "
-                 f"{model_dir}/tensorboard/plugins/profile (TensorBoard's Profile tab)")
-        window.append(metrics)
-        bar.update(1)
-        if step % log_every == 0 or step == train_steps:
-            per_step = jax.device_get(window)
-            for offset, values in enumerate(per_step):
-                _report_health(step - len(per_step) + 1 + offset, values, spikes, writer)
-            summary = _mean_metrics(per_step)
-            nonfinite_logged += int(summary.pop("nonfinite", 0))
-            summary["nonfinite_steps"] = nonfinite_logged
-            elapsed = time.perf_counter() - window_start
-            summary["tokens_per_s"] = tokens_per_batch * len(window) / elapsed
-            summary["step_time_s"] = elapsed / len(window)
-            step_flops = flops.train_step_flops(model.config, feature_lengths, batch_size)
-            if step_flops:
-                summary["mfu"] = hardware.mfu(step_flops, summary["step_time_s"], peak)
-            writer.write_scalars(step, {f"train/{k}": v for k, v in summary.items()})
-            bar.set_postfix(loss=f"{summary['loss']:.3f}", refresh=False)
-            _log(f"step {step:>7}  " + _format_metrics(summary))
-            window, window_start = [], time.perf_counter()
-        if eval_every and (step % eval_every == 0 or step == train_steps):
-            if eval_data is None:
-                eval_data = load_eval_batches(task, feature_lengths, batch_size, eval_batches,
-                                              pack, model)
+        # --- loop ----------------------------------------------------------------------------
+        bar = tqdm(total=train_steps, initial=start_step, desc="train", dynamic_ncols=True,
+                   mininterval=1.0 if sys.stderr.isatty() else 30.0)
+        window: list[dict[str, jax.Array]] = []
+        eval_data = None
+        window_start = time.perf_counter()
+        step = start_step
+        preempted = profiling = False
+        watcher.started()
+        while step < train_steps:
+            if _phase_at(phase_plan, step) != phase:
+                phase = _phase_at(phase_plan, step)
+                feature_lengths = dict(phase_plan[phase][1])
+                tokens_per_batch = batch_size * sum(feature_lengths.values())
+                train_iter, eval_data = train_batches(phase, step), None
+                _log(f"step {step:>7}  phase {phase + 1} of {len(phase_plan)}: task feature "
+                     f"lengths {feature_lengths}")
+            batch = layout.global_batch(next(train_iter))
+            if profile and step == profile[0]:
+                trace_dir = _start_trace(model_dir)
+                profiling = True
             with layout.context():
-                eval_metrics = evaluate(eval_step, state.params, eval_data, layout, model)
-            if eval_metrics:
-                writer.write_scalars(step, {f"eval/{k}": v for k, v in eval_metrics.items()})
-                _log(f"step {step:>7}  eval " + _format_metrics(eval_metrics))
-        if eval_tasks and (step % metrics_eval_every == 0 or step == train_steps):
-            task_metrics = _evaluate_tasks(model, state.params, eval_tasks, feature_lengths,
-                                           metrics_eval_batch_size, metrics_eval_examples)
-            for name, values in task_metrics.items():
-                writer.write_scalars(step, {f"eval/{name}/{k}": v for k, v in values.items()})
-                _log(f"step {step:>7}  {name}: " + ", ".join(f"{k} {v:.2f}"
-                                                            for k, v in values.items()))
-            best.update(step, state.params, cfg, task_metrics)
-        preempted = watcher.should_stop(step)
-        if preempted or step % checkpoint_every == 0 or step == train_steps:
-            save(state)
-            _log(f"step {step:>7}  checkpoint saved")
+                state, metrics = train_step(state, batch, rng)
+            step += 1
+            if nonfinite_policy == "stop" and int(metrics["nonfinite"]):  # one scalar read per step
+                bar.close()
+                _stop_on_nonfinite(step, jax.device_get(metrics), state, save, checkpointer)
+            if profiling and step == profile[1]:
+                profiling = False
+                jax.block_until_ready(state)
+                _stop_trace(trace_dir, model_dir)
+                _log(f"step {step:>7}  profile of steps {profile[0]}-{profile[1]} written to "
+                     f"{model_dir}/tensorboard/plugins/profile (TensorBoard's Profile tab)")
+            window.append(metrics)
+            bar.update(1)
+            if step % log_every == 0 or step == train_steps:
+                per_step = jax.device_get(window)
+                for offset, values in enumerate(per_step):
+                    _report_health(step - len(per_step) + 1 + offset, values, spikes, writer)
+                summary = _mean_metrics(per_step)
+                nonfinite_logged += int(summary.pop("nonfinite", 0))
+                summary["nonfinite_steps"] = nonfinite_logged
+                elapsed = time.perf_counter() - window_start
+                summary["tokens_per_s"] = tokens_per_batch * len(window) / elapsed
+                summary["step_time_s"] = elapsed / len(window)
+                step_flops = flops.train_step_flops(model.config, feature_lengths, batch_size)
+                if step_flops:
+                    summary["mfu"] = hardware.mfu(step_flops, summary["step_time_s"], peak)
+                writer.write_scalars(step, {f"train/{k}": v for k, v in summary.items()})
+                bar.set_postfix(loss=f"{summary['loss']:.3f}", refresh=False)
+                _log(f"step {step:>7}  " + _format_metrics(summary))
+                window, window_start = [], time.perf_counter()
+            if eval_every and (step % eval_every == 0 or step == train_steps):
+                if eval_data is None:
+                    eval_data = load_eval_batches(task, feature_lengths, batch_size, eval_batches,
+                                                  pack, model)
+                with layout.context():
+                    eval_metrics = evaluate(eval_step, state.params, eval_data, layout, model)
+                if eval_metrics:
+                    writer.write_scalars(step, {f"eval/{k}": v for k, v in eval_metrics.items()})
+                    _log(f"step {step:>7}  eval " + _format_metrics(eval_metrics))
+            if eval_tasks and (step % metrics_eval_every == 0 or step == train_steps):
+                task_metrics = _evaluate_tasks(model, state.params, eval_tasks, feature_lengths,
+                                               metrics_eval_batch_size, metrics_eval_examples)
+                for name, values in task_metrics.items():
+                    writer.write_scalars(step, {f"eval/{name}/{k}": v for k, v in values.items()})
+                    _log(f"step {step:>7}  {name}: " + ", ".join(f"{k} {v:.2f}"
+                                                                for k, v in values.items()))
+                best.update(step, state.params, cfg, task_metrics)
+            preempted = watcher.should_stop(step)
+            if preempted or step % checkpoint_every == 0 or step == train_steps:
+                save(state)
+            if preempted:
+                break
+        bar.close()
+        _log_saved(checkpointer.close())  # the watcher still guards this last save
+        watcher.close()
         if preempted:
             _log(f"step {step:>7}  stopped by {watcher.signal_name}: rerun the same command to "
                  "resume from this step")
-            break
-    watcher.close()
-    bar.close()
-    checkpointer.close()
-    writer.flush()
+        writer.flush()
 
-    if (num_predictions and not preempted and jax.process_index() == 0
-            and hasattr(model, "predict_batch")):
-        show_predictions(model, jax.device_get(state.params), task, feature_lengths,
-                         num_predictions)
-    return state
+        if (num_predictions and not preempted and jax.process_index() == 0
+                and hasattr(model, "predict_batch")):
+            show_predictions(model, jax.device_get(state.params), task, feature_lengths,
+                             num_predictions)
+        return state
+    except preemption.StoppedBeforeFirstStep as stop:
+        _log(f"Stopped by {stop} during start-up, before the first step: nothing was trained, "
+             "so nothing is saved. Rerun the same command to start.")
+        return None
+    finally:
+        watcher.close()
+        if lock is not None:
+            lock.release()
+
+
+def _log_saved(step: int | None) -> None:
+    if step is not None:
+        _log(f"step {step:>7}  checkpoint saved")
 
 
 def model_size_line(model: Model, feature_lengths: Mapping[str, int],
@@ -470,8 +492,7 @@ def _log(message: str) -> None:
     multi-process run each line says which process wrote it."""
     if jax.process_count() > 1:
         message = f"[process {jax.process_index()}/{jax.process_count()}] {message}"
-    tqdm.write(message)
-    sys.stdout.flush()
+    logs.log(message)
 
 
 def _start_trace(model_dir: str) -> str:
@@ -535,7 +556,7 @@ def _stop_on_nonfinite(step: int, values: Mapping[str, np.ndarray], state: train
     good_step = int(state.step)
     if good_step and good_step not in checkpointer.steps():
         save(state)
-    checkpointer.close()
+    _log_saved(checkpointer.close())
     raise run_health.NonFiniteLoss(run_health.stop_message(
         step, values, good_step or None, checkpointer.directory))
 

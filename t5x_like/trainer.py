@@ -262,7 +262,8 @@ class Checkpointer:
             name.rstrip("/") for name in storage.listdir(self.directory)
             if self._TMP_MARKER in name)
         self.keep = keep
-        self._saving: int | None = None  # the step whose save is in flight
+        self._saving: int | None = None  # the step whose save is in flight (or was last)
+        self._in_flight: int | None = None  # ... until it is waited for
         self._manifest_error: BaseException | None = None
         self.manager = params_io.orbax_manager(
             self.directory, max_to_keep=None, create=True, enable_async_checkpointing=True,
@@ -293,17 +294,19 @@ class Checkpointer:
     def steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
 
-    def save(self, state: TrainState, config: Any, record: dict | None = None) -> None:
+    def save(self, state: TrainState, config: Any, record: dict | None = None) -> int | None:
         """Save now (asynchronously); the caller decides when. `record` is small JSON about
-        the run (`restore_record`)."""
-        self._finish_previous_save()
+        the run (`restore_record`). Returns the step of the previous save if it completed
+        only now (so a log can say "saved" once it is true)."""
+        finished = self._finish_previous_save()
         step = int(state.step)
-        self._saving = step
+        self._saving = self._in_flight = step
         self.manager.save(step, force=True, args=ocp.args.Composite(
             params=ocp.args.StandardSave(state.params),
             opt_state=ocp.args.StandardSave(state.opt_state),
             config=ocp.args.JsonSave(config.to_json()),
             run=ocp.args.JsonSave(dict(record or {}))))
+        return finished
 
     def _write_manifest(self) -> None:
         """orbax's post-finalization callback, in its background thread, which orbax runs after
@@ -329,10 +332,11 @@ class Checkpointer:
                    if name.startswith(f"{step}{self._TMP_MARKER}")]
         return os.path.join(self.directory, pending[0]) if pending else self._step_dir(step)
 
-    def _finish_previous_save(self) -> None:
+    def _finish_previous_save(self) -> int | None:
         """Wait for the save in flight (orbax would before starting the next one anyway), then
-        prune: the step just saved is verified, so older ones may go."""
+        prune: the step just saved is verified, so older ones may go. Returns that step."""
         self.manager.wait_until_finished()
+        finished, self._in_flight = self._in_flight, None
         error, self._manifest_error = self._manifest_error, None
         if error is not None:
             raise CheckpointUnreadable(
@@ -340,6 +344,7 @@ class Checkpointer:
                 f"not be ({type(error).__name__}: {error}); the step would not be trusted on "
                 f"resume. Check that {self.directory} is writable and has space.") from error
         self._prune()
+        return finished
 
     def _prune(self) -> None:
         if not self.keep:
@@ -416,6 +421,8 @@ class Checkpointer:
             return {}
         return dict(self._restore(step, run=ocp.args.JsonRestore())["run"])
 
-    def close(self) -> None:
-        self._finish_previous_save()
+    def close(self) -> int | None:
+        """Finish the save in flight (returning its step, as `save` does) and stop."""
+        finished = self._finish_previous_save()
         self.manager.close()
+        return finished

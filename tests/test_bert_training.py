@@ -15,7 +15,7 @@ import pytest
 import seqio
 
 from t5x_like import config as config_lib
-from t5x_like import optimizers, partitioning, train, trainer
+from t5x_like import logs, optimizers, partitioning, train, trainer
 from t5x_like.models import bert, bert_models
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -94,7 +94,7 @@ def test_two_term_loss_accumulates_exactly_over_microbatches():
 
 
 def _logged(out, key):
-    return [float(line.split(f" {key} ")[1].split()[0]) for line in out.splitlines()
+    return [float(line.split(f" {key} ")[1].split()[0]) for line in logs.unstamped(out)
             if line.startswith("step") and f" {key} " in line and " eval " not in line]
 
 

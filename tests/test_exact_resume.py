@@ -16,7 +16,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from t5x_like import train_data
+from t5x_like import logs, train_data
 from t5x_like.config import ConfigError
 from tests.test_train import ROOT, TINY_RUN
 
@@ -147,7 +147,7 @@ def _environment(devices):
 
 def _losses(stdout):
     return {int(line.split()[1]): line.split("loss ")[1].split()[0]
-            for line in stdout.splitlines()
+            for line in logs.unstamped(stdout)
             if line.startswith("step") and "  loss " in line}
 
 
@@ -234,7 +234,7 @@ def test_a_run_resumed_on_two_hosts_sees_the_same_batches_as_on_one(tmp_path):
     for i, out in enumerate(outputs):
         assert f"[process {i}/2] Resumed from the checkpoint at step 4" in out
         assert "input pipeline: restored from" in out  # the shard the one process saved
-        lines = [line.split("] ", 1)[1] for line in out.splitlines() if line.startswith("[")]
+        lines = [line.split("] ", 1)[1] for line in logs.unstamped(out) if line.startswith("[")]
         got = _losses("\n".join(lines))
         assert sorted(got) == [5, 6, 7, 8]
         assert {s: expected[s] for s in got} == got, (i, got, expected)

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from t5x_like import config as config_lib
-from t5x_like import train
+from t5x_like import logs, train
 
 pytestmark = pytest.mark.slow  # training runs: .ci/run runs them after the default suite
 
@@ -25,7 +25,7 @@ def _run(tmp_path, task, lengths, steps, capsys):
         "train.checkpoint_every=1000", "train.num_predictions=0"])
     train.train()
     out = capsys.readouterr().out
-    return [float(line.split(" perplexity ")[1].split()[0]) for line in out.splitlines()
+    return [float(line.split(" perplexity ")[1].split()[0]) for line in logs.unstamped(out)
             if line.startswith("step") and " perplexity " in line]
 
 
@@ -69,6 +69,6 @@ def test_gpt1_recipe_pretrains_then_fine_tunes_with_special_tokens(tmp_path):
               "--gin.train.metrics_eval_examples=64", "--gin.train.log_every=10")
     assert "token_embeddings/embedding extended from 2048 to 2051 rows" in out
     assert "newly initialised: classifier" in out
-    lines = [line for line in out.splitlines() if line.startswith("step")]
+    lines = [line for line in logs.unstamped(out) if line.startswith("step")]
     assert any(" lm_loss " in line and " task_loss " in line for line in lines), lines
     assert any("gpt_offline_word_order: accuracy" in line for line in lines), lines

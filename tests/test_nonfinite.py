@@ -11,7 +11,7 @@ import numpy as np
 import optax
 import pytest
 
-from t5x_like import partitioning, run_health, train, trainer
+from t5x_like import logs, partitioning, run_health, train, trainer
 from t5x_like.config import ConfigError
 from t5x_like.models.t5 import T5Config
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
@@ -89,7 +89,7 @@ def test_skip_policy_drops_the_update_counts_it_and_goes_on(tmp_path, capsys):
     assert code == 0
     out = capsys.readouterr().out
     assert "step       3  non-finite loss nan, grad_norm nan: update skipped" in out
-    losses = [line for line in out.splitlines() if line.startswith("step") and "  loss " in line]
+    losses = [line for line in logs.unstamped(out) if line.startswith("step") and "  loss " in line]
     assert len(losses) == 3 and "nan" not in " ".join(losses)
     record = trainer.Checkpointer(str(tmp_path / "run"), None).restore_record(6)
     assert record["nonfinite_steps"] == 1

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from t5x_like import report, train
+from t5x_like import logs, report, train
 from tests.test_train import ROOT, TINY_RUN
 
 
@@ -22,7 +22,7 @@ def test_profiled_run_then_report(tmp_path, capsys, monkeypatch):
     traces = [f for _, _, files in os.walk(model_dir / "tensorboard" / "plugins" / "profile")
               for f in files if f.endswith(".xplane.pb")]
     assert traces and "profile of steps 2-4 written" in logged
-    final = [line for line in logged.splitlines() if line.startswith("step      10  loss")][0]
+    final = [line for line in logs.unstamped(logged) if line.startswith("step      10  loss")][0]
     assert "step_s " in final and "mfu " in final
 
     assert report.main([str(model_dir)]) == 0

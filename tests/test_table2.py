@@ -17,6 +17,7 @@ from t5x_like import flops, train  # noqa: F401  (train registers its gin config
 from t5x_like.models import t5
 from t5x_like.models.decoder_only import DecoderOnlyModel, GPTConfig
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
+from t5x_like import logs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABLE2 = os.path.join(ROOT, "gin_configs/table2")
@@ -172,6 +173,6 @@ def test_every_row_trains_at_tiny_size_on_the_offline_corpus(row, tmp_path):
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "forward FLOPs per example" in run.stdout
-    losses = [float(line.split(" loss ")[1].split()[0]) for line in run.stdout.splitlines()
+    losses = [float(line.split(" loss ")[1].split()[0]) for line in logs.unstamped(run.stdout)
               if line.startswith("step") and " loss " in line and "eval" not in line]
     assert len(losses) == 2 and losses[1] < losses[0] and losses[1] < np.log(2048), losses

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from t5x_like import config as config_lib
-from t5x_like import optimizers, train
+from t5x_like import logs, optimizers, train
 from tests.fake_metadata_server import FakeMetadataServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,7 +39,7 @@ def test_short_run_loss_falls_and_saves(tmp_path, capsys):
         "train.checkpoint_every=20"])
     train.train()
     out = capsys.readouterr().out
-    losses = [float(line.split("loss ")[1].split()[0]) for line in out.splitlines()
+    losses = [float(line.split("loss ")[1].split()[0]) for line in logs.unstamped(out)
               if line.startswith("step") and " loss " in line and "eval" not in line]
     assert len(losses) == 8
     assert losses[-1] < losses[0] - 1.0, losses
@@ -125,6 +125,7 @@ def test_preemption_notice_saves_at_the_current_step_exits_zero_and_resumes(noti
     lines = []
     try:
         for line in proc.stdout:
+            line = logs.STAMP.sub("", line)
             lines.append(line)
             if line.startswith("step") and " loss " in line and int(line.split()[1]) >= 7:
                 if notice == "SIGTERM":
@@ -136,7 +137,7 @@ def test_preemption_notice_saves_at_the_current_step_exits_zero_and_resumes(noti
     finally:
         proc.kill()
         server.close()
-    lines += out.splitlines()
+    lines += logs.unstamped(out)
     assert proc.returncode == 0
     stopped = [line for line in lines if f"stopped by {notice}" in line]
     assert len(stopped) == 1, lines[-5:]

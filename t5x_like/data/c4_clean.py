@@ -5,7 +5,7 @@
 
 Input: JSONL (optionally gzipped) with a `text` field per page (`url`, `timestamp` are kept),
 or plain `.txt` files holding one page each. Output: JSONL in C4's layout
-(`{"text", "url", "timestamp"}`), which `tasks/c4_files.py` reads directly. Prints how many
+(`{"text", "url", "timestamp"}`), which `tasks/text_files.py` reads directly. Prints how many
 lines and pages each rule removed.
 
 Two rule sets, because the paper's prose and the code that built C4 (TensorFlow Datasets'
@@ -64,6 +64,8 @@ import os
 import re
 import sys
 from typing import Callable, Iterable, Iterator, Sequence
+
+from t5x_like import logs
 
 MIN_WORDS_PER_LINE = 5
 MIN_SENTENCES_PER_PAGE = 3
@@ -403,16 +405,31 @@ def _open_text(path: str):
     return open(path, encoding="utf-8")
 
 
-def read_pages(paths: Sequence[str], text_key: str = "text") -> Iterator[Page]:
+def _bytes_read(f: io.TextIOWrapper) -> int:
+    """How far into the file on disk reading has got (compressed bytes for .gz), to within
+    the read-ahead buffer: progress against the files' sizes."""
+    raw = f.buffer.fileobj if isinstance(f.buffer, gzip.GzipFile) else f.buffer
+    return raw.tell()
+
+
+def read_pages(paths: Sequence[str], text_key: str = "text",
+               on_read: Callable[[int], object] | None = None) -> Iterator[Page]:
     """JSONL(.gz) with `text_key` per line, or .txt files of one page each (its path is its
-    url)."""
+    url). `on_read(n)` is told each time n more bytes of the files on disk were read."""
     for path in paths:
         if path.endswith((".txt", ".txt.gz")):
             with _open_text(path) as f:
                 yield Page(f.read(), url=os.path.abspath(path))
+            if on_read:
+                on_read(os.path.getsize(path))
             continue
+        done = 0
         with _open_text(path) as f:
             for n, line in enumerate(f, start=1):
+                if on_read:
+                    now = _bytes_read(f)
+                    on_read(now - done)
+                    done = now
                 if not line.strip():
                     continue
                 try:
@@ -426,6 +443,8 @@ def read_pages(paths: Sequence[str], text_key: str = "text") -> Iterator[Page]:
                 # C4's rules key pages by URL: one without is named by its place.
                 yield Page(record[text_key], record.get("url") or f"{path}:{n}",
                            record.get("timestamp", ""))
+        if on_read:
+            on_read(os.path.getsize(path) - done)
 
 
 def write_pages(pages: Iterable[Page], path: str) -> int:
@@ -463,8 +482,12 @@ def main(argv: Sequence[str] | None = None) -> CleaningReport:
     splitter = punkt_sentences() if args.sentence_splitter == "punkt" else split_sentences
     cleaner = CLEANERS[args.rules](bad_words, langdetect_english() if args.language else None,
                                    splitter)
-    write_pages(cleaner.clean(read_pages(paths, args.text_key)), args.output)
-    print(cleaner.report.table())
+    bar = logs.progress(desc="c4_clean read", total=sum(os.path.getsize(p) for p in paths),
+                        unit="B", unit_scale=True, unit_divisor=1024)
+    with bar:
+        write_pages(cleaner.clean(read_pages(paths, args.text_key, on_read=bar.update)),
+                    args.output)
+    logs.log(cleaner.report.table())
     return cleaner.report
 
 

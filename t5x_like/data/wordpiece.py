@@ -20,6 +20,8 @@ from typing import Callable, Sequence
 import seqio
 import tensorflow as tf
 
+from t5x_like import logs
+
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
@@ -230,15 +232,29 @@ class BertTokenizer:
 
 # ----------------------------------------------------------------------- building
 def build_vocab(texts: tf.data.Dataset, vocab_size: int, lower_case: bool = True,
-                reserved_tokens: Sequence[str] = SPECIAL_TOKENS) -> list[str]:
+                reserved_tokens: Sequence[str] = SPECIAL_TOKENS,
+                on_read: Callable[[int], object] | None = None) -> list[str]:
     """Learn a WordPiece vocabulary (tensorflow-text's BERT vocab learner) from a dataset of
-    strings; the special tokens come first, so [PAD] is id 0."""
+    strings; the special tokens come first, so [PAD] is id 0. `on_read(n)` is told the bytes
+    of text (each string and its line end) as the learner counts them."""
     from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset as learner
 
+    batches = texts.batch(1000)
+    if on_read is not None:
+        batches = batches.map(lambda batch: _reporting(batch, on_read))
     return learner.bert_vocab_from_dataset(
-        texts.batch(1000).prefetch(2), vocab_size=vocab_size,
+        batches.prefetch(2), vocab_size=vocab_size,
         reserved_tokens=list(reserved_tokens),
         bert_tokenizer_params={"lower_case": lower_case}, learn_params={})
+
+
+def _reporting(batch: tf.Tensor, on_read: Callable[[int], object]) -> tf.Tensor:
+    """`batch`, after telling `on_read` its size in bytes as lines of a file (one call per
+    batch of 1000 lines, so the Python call costs nothing next to tokenizing them)."""
+    size = tf.reduce_sum(tf.strings.length(batch)) + tf.size(batch)
+    told = tf.py_function(lambda n: (on_read(int(n)), 0)[1], [size], tf.int32)
+    with tf.control_dependencies([told]):
+        return tf.identity(batch)
 
 
 def main(argv: Sequence[str] | None = None) -> list[str]:
@@ -253,10 +269,15 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
     if not paths:
         raise SystemExit(f"No input files match {args.input}.")
     texts = tf.data.TextLineDataset(paths)
-    pieces = build_vocab(texts, args.vocab_size, lower_case=not args.cased)
+    # Progress against the files' sizes: the learner's counting pass reads them once.
+    with logs.progress(desc="wordpiece count words",
+                       total=sum(tf.io.gfile.stat(p).length for p in paths), unit="B",
+                       unit_scale=True, unit_divisor=1024) as bar:
+        pieces = build_vocab(texts, args.vocab_size, lower_case=not args.cased,
+                             on_read=bar.update)
     with tf.io.gfile.GFile(args.output, "w") as f:
         f.write("\n".join(pieces) + "\n")
-    print(f"wrote {len(pieces)} pieces to {args.output}")
+    logs.log(f"wrote {len(pieces)} pieces to {args.output}")
     return pieces
 
 

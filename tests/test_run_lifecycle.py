@@ -1,0 +1,159 @@
+"""What a run does when a second run, a signal during start-up or a second signal during its
+last save meets it (the failures a long run meets on a cluster).
+
+- One run per MODEL_DIR: a second is refused naming the holder (host, pid, start time); a lock
+  left by a dead run is taken over.
+- SIGTERM before the first step: nothing was trained, nothing is saved, exit 0.
+- SIGTERM during the final save: the save completes (the handler stays installed until it has).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from t5x_like import logs, run_lock
+from tests.test_train import ROOT, _train_cmd
+
+
+def _lease(path, **fields):
+    holder = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
+              "heartbeat": time.time(), "token": "other", **fields}
+    path.write_text(json.dumps(holder))
+    return holder
+
+
+def test_a_second_run_on_a_model_dir_is_refused_naming_the_holder(tmp_path):
+    first = run_lock.acquire(str(tmp_path), heartbeat_s=3600)
+    try:
+        with pytest.raises(run_lock.ModelDirInUse) as refused:
+            run_lock.acquire(str(tmp_path))
+        message = str(refused.value)
+        assert f"process {os.getpid()} on host {socket.gethostname()}" in message
+        assert "Stop that run first, or use another --gin.MODEL_DIR" in message
+    finally:
+        first.release()
+    assert not (tmp_path / run_lock.LOCK_FILE).exists()
+    run_lock.acquire(str(tmp_path)).release()  # free again
+
+
+def test_a_dead_runs_lock_is_taken_over(tmp_path, capsys):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    _lease(tmp_path / run_lock.LOCK_FILE, pid=int(dead))  # same host, process gone
+    lock = run_lock.acquire(str(tmp_path))
+    assert f"process {dead} on this host is gone" in capsys.readouterr().out
+    lock.release()
+    # On another host: only a heartbeat older than stale_after_s frees it.
+    _lease(tmp_path / run_lock.LOCK_FILE, host="elsewhere", heartbeat=time.time() - 30)
+    with pytest.raises(run_lock.ModelDirInUse):
+        run_lock.acquire(str(tmp_path), stale_after_s=600)
+    run_lock.acquire(str(tmp_path), stale_after_s=10).release()
+
+
+def test_the_heartbeat_refreshes_the_lease(tmp_path):
+    lock = run_lock.acquire(str(tmp_path), heartbeat_s=0.05)
+    try:
+        first = json.loads((tmp_path / run_lock.LOCK_FILE).read_text())["heartbeat"]
+        time.sleep(0.5)
+        assert json.loads((tmp_path / run_lock.LOCK_FILE).read_text())["heartbeat"] > first
+    finally:
+        lock.release()
+
+
+def test_a_bucket_lease_is_read_back_before_it_is_trusted(tmp_path, monkeypatch):
+    """On gs:// (here ram://, TensorFlow's in-memory file system, which has no atomic create
+    either) the lease is written, then read back: a later writer's lease makes it refuse."""
+    from t5x_like import storage
+
+    directory = f"ram://{tmp_path.name}/run"
+    real_sleep = time.sleep
+
+    def rival_writes_meanwhile(seconds):
+        storage.write_text(os.path.join(directory, run_lock.LOCK_FILE), json.dumps(
+            {"host": "rival", "pid": 1, "started": 0, "heartbeat": time.time(),
+             "token": "rival"}))
+        real_sleep(0)
+
+    monkeypatch.setattr(run_lock.time, "sleep", rival_writes_meanwhile)
+    with pytest.raises(run_lock.ModelDirInUse, match="host rival"):
+        run_lock.acquire(directory)
+    monkeypatch.setattr(run_lock.time, "sleep", real_sleep)
+    storage.remove(os.path.join(directory, run_lock.LOCK_FILE))
+    run_lock.acquire(directory, settle_s=0).release()
+
+
+@pytest.mark.slow  # two training subprocesses
+def test_two_runs_on_one_model_dir_the_second_is_refused(tmp_path):
+    model_dir = tmp_path / "run"
+    first = subprocess.Popen(_train_cmd(model_dir, 100_000, every=100_000), cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while not (model_dir / run_lock.LOCK_FILE).exists() and time.time() < deadline:
+            time.sleep(0.2)
+        second = subprocess.run(_train_cmd(model_dir, 4), cwd=ROOT, capture_output=True,
+                                text=True, timeout=300)
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=300)
+    assert second.returncode == 2
+    assert f"is in use by another run (process {first.pid} on host" in second.stderr
+    assert first.returncode == 0  # the first run was not disturbed
+    assert not (model_dir / run_lock.LOCK_FILE).exists()
+
+
+@pytest.mark.slow  # a training subprocess
+def test_sigterm_during_start_up_exits_zero_and_saves_nothing(tmp_path):
+    model_dir = tmp_path / "run"
+    proc = subprocess.Popen(_train_cmd(model_dir, 100), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        for line in proc.stdout:  # the operative config is printed during start-up
+            if "Operative config" in line:
+                proc.send_signal(signal.SIGTERM)
+                break
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0
+    assert "during start-up, before the first step: nothing was trained" in out
+    assert not [d for d in os.listdir(model_dir / "checkpoints") if d.isdigit()] if (
+        model_dir / "checkpoints").exists() else True
+    assert not (model_dir / run_lock.LOCK_FILE).exists()
+
+
+@pytest.mark.slow  # a training subprocess
+def test_a_second_sigterm_during_the_final_save_does_not_lose_it(tmp_path):
+    model_dir = tmp_path / "run"
+    proc = subprocess.Popen(_train_cmd(model_dir, 100_000, every=100_000)
+                            + ["--gin.train.log_every=1"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    lines = []
+    try:
+        for line in proc.stdout:
+            line = logs.STAMP.sub("", line)
+            lines.append(line)
+            if line.startswith("step") and " loss " in line and int(line.split()[1]) >= 3:
+                proc.send_signal(signal.SIGTERM)  # stop: the run saves at its step ...
+                time.sleep(0.05)
+                proc.send_signal(signal.SIGTERM)  # ... and a second one lands meanwhile
+                break
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    lines += logs.unstamped(out)
+    assert proc.returncode == 0, lines[-5:]
+    stopped = [line for line in lines if "stopped by SIGTERM" in line]
+    step = int(stopped[0].split()[1])
+    names = os.listdir(model_dir / "checkpoints")
+    assert str(step) in names and not any("tmp" in n for n in names), names
+    assert f"step {step:>7}  checkpoint saved" in "\n".join(lines)
+    assert (model_dir / "checkpoints" / str(step) / "t5x_like_manifest.json").exists()
