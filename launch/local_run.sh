@@ -3,6 +3,12 @@
 # config): installs .venv if needed, then the trainer with JAX_PLATFORMS=cpu.
 #
 #   bash launch/local_run.sh --config launch/experiments/NAME.env [--dry-run] [-- extra args]
+#
+# An experiment file written for a TPU names gs:// paths and C4; override them after `--` for a
+# CPU run, e.g. 10 steps of T5 Base on the offline corpus into a local directory:
+#   bash launch/local_run.sh --config launch/experiments/t5_base_v4_32.env -- \
+#     --gin.MODEL_DIR=/tmp/t5_base_local --gin.TASK=offline_span_corruption \
+#     --gin.BATCH_SIZE=8 --gin.TRAIN_STEPS=10
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source launch/_common.sh
