@@ -125,5 +125,17 @@ def file_digests(root: str) -> dict[str, dict[str, int]]:
             for name, size in file_sizes(root).items()}
 
 
+def free_bytes(path: str) -> int | None:
+    """Free space on the local disk holding `path` (its nearest existing parent), or None
+    for a bucket (no such limit to report)."""
+    if is_remote(path):
+        return None
+    import shutil
+
+    while path and not os.path.exists(path):
+        path = os.path.dirname(path)
+    return shutil.disk_usage(path or "/").free
+
+
 def listdir(path: str) -> list[str]:
     return _tf().io.gfile.listdir(path) if _tf().io.gfile.isdir(path) else []

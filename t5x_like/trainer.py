@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import re
@@ -227,8 +228,28 @@ def make_eval_step(model: Model, layout: Layout) -> Callable[[Any, Batch], Metri
                    out_shardings=layout.replicated)
 
 
+def _size(n: int | None) -> str:
+    if n is None:
+        return "unknown"
+    return f"{n / 2**20:,.1f} MiB" if n < 2**30 else f"{n / 2**30:,.2f} GiB"
+
+
 class CheckpointUnreadable(ConfigError):
     """A checkpoint on disk that cannot be restored (truncated, missing or damaged files)."""
+
+
+class CheckpointWriteFailed(ConfigError):
+    """A save that could not be written (disk full, no permission): the earlier checkpoints
+    are intact and the message says how to resume."""
+
+
+_DISK_FULL_SIGNS = ("No space left", "RESOURCE_EXHAUSTED", "ENOSPC", "Disk quota exceeded")
+
+
+def _causes(error: BaseException) -> Iterator[BaseException]:
+    while error is not None:
+        yield error
+        error = error.__cause__ or error.__context__
 
 
 class Checkpointer:
@@ -301,11 +322,14 @@ class Checkpointer:
         finished = self._finish_previous_save()
         step = int(state.step)
         self._saving = self._in_flight = step
-        self.manager.save(step, force=True, args=ocp.args.Composite(
-            params=ocp.args.StandardSave(state.params),
-            opt_state=ocp.args.StandardSave(state.opt_state),
-            config=ocp.args.JsonSave(config.to_json()),
-            run=ocp.args.JsonSave(dict(record or {}))))
+        try:
+            self.manager.save(step, force=True, args=ocp.args.Composite(
+                params=ocp.args.StandardSave(state.params),
+                opt_state=ocp.args.StandardSave(state.opt_state),
+                config=ocp.args.JsonSave(config.to_json()),
+                run=ocp.args.JsonSave(dict(record or {}))))
+        except Exception as e:  # noqa: BLE001 - orbax/tensorstore fail in many ways
+            self._write_failed(step, e)
         return finished
 
     def _write_manifest(self) -> None:
@@ -335,7 +359,10 @@ class Checkpointer:
     def _finish_previous_save(self) -> int | None:
         """Wait for the save in flight (orbax would before starting the next one anyway), then
         prune: the step just saved is verified, so older ones may go. Returns that step."""
-        self.manager.wait_until_finished()
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001 - the background write's failure, re-raised
+            self._write_failed(self._in_flight, e)
         finished, self._in_flight = self._in_flight, None
         error, self._manifest_error = self._manifest_error, None
         if error is not None:
@@ -345,6 +372,39 @@ class Checkpointer:
                 f"resume. Check that {self.directory} is writable and has space.") from error
         self._prune()
         return finished
+
+    def _write_failed(self, step: int | None, error: BaseException) -> None:
+        """One message for a failed save, whatever orbax's background threads raised (on a
+        full disk: "Event loop is closed" first, the cause buried), naming the cause, the
+        space and what to do. Nothing is lost: the step was never committed."""
+        self._in_flight = None
+        verified = [s for s in self.steps() if s != step and self._has_manifest(s)]
+        needed = self._step_bytes(verified[-1]) if verified else None
+        free = storage.free_bytes(self.directory)
+        text = " | ".join(f"{type(c).__name__}: {c}" for c in _causes(error))
+        full = (any(isinstance(c, OSError) and c.errno == errno.ENOSPC for c in _causes(error))
+                or any(sign in text for sign in _DISK_FULL_SIGNS)
+                or (free is not None and needed is not None and free < needed))
+        if full:
+            why = (f"the disk is full ({_size(free)} free"
+                   + (f"; a checkpoint needs about {_size(needed)}" if needed else "") + ")")
+        else:
+            first_line = (str(error).splitlines() or [""])[0][:300]
+            why = f"{type(error).__name__}: {first_line}"
+        resume = (f"Checkpoints up to step {verified[-1]} are intact: free space (or move "
+                  "MODEL_DIR, or lower --gin.train.keep_checkpoints) and rerun the same command "
+                  f"to resume from step {verified[-1]}." if verified else
+                  "No earlier checkpoint exists: free space and rerun.")
+        raise CheckpointWriteFailed(f"Saving the checkpoint of step {step} to {self.directory} "
+                                    f"failed: {why}. {resume}") from error
+
+    def _step_bytes(self, step: int) -> int | None:
+        try:
+            files = json.loads(storage.read_text(
+                os.path.join(self._step_dir(step), self.MANIFEST)))["files"]
+            return sum(e["size"] if isinstance(e, dict) else int(e) for e in files.values())
+        except (ValueError, KeyError, TypeError, *storage.ERRORS):
+            return None
 
     def _prune(self) -> None:
         if not self.keep:

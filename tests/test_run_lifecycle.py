@@ -157,3 +157,46 @@ def test_a_second_sigterm_during_the_final_save_does_not_lose_it(tmp_path):
     assert str(step) in names and not any("tmp" in n for n in names), names
     assert f"step {step:>7}  checkpoint saved" in "\n".join(lines)
     assert (model_dir / "checkpoints" / str(step) / "t5x_like_manifest.json").exists()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 6 MiB tmpfs (room for the run's start and one checkpoint of the tiny model, ~2.3 MiB,
+    not two): root only, skipped elsewhere."""
+    mount = tmp_path / "small_disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6200k", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({made.stderr.strip()[:100]})")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+@pytest.mark.slow  # two training subprocesses
+def test_a_full_disk_says_so_keeps_the_earlier_step_and_a_rerun_resumes(small_disk, tmp_path):
+    import shutil
+
+    model_dir = small_disk / "run"
+    full = subprocess.run(_train_cmd(model_dir, 6, every=2), cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert full.returncode == 2
+    # (orbax's writer threads print their own tracebacks too; ours is the one "error:" line)
+    errors = [line for line in full.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1
+    last = errors[0]
+    assert last.startswith("error: Saving the checkpoint of step 4 to "
+                           f"{model_dir}/checkpoints failed: the disk is full (")
+    assert "a checkpoint needs about" in last and "resume from step 2" in last
+    out = logs.unstamped(full.stdout)
+    assert "step       2  checkpoint saved" in out and "step       4  checkpoint saved" not in out
+    # Free space (here: move the run to a larger disk) and rerun: it resumes from step 2.
+    moved = tmp_path / "moved"
+    shutil.copytree(model_dir, moved)
+    rerun = subprocess.run(_train_cmd(moved, 6, every=2), cwd=ROOT, capture_output=True,
+                           text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert "Resumed from the checkpoint at step 2" in rerun.stdout
+    assert max(int(d) for d in os.listdir(moved / "checkpoints") if d.isdigit()) == 6
