@@ -149,6 +149,9 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
     param_bytes = partitioning.state_bytes_per_device(state.params, layout.state_shardings.params)
     opt_bytes = partitioning.state_bytes_per_device(state.opt_state,
                                                     layout.state_shardings.opt_state)
+    # What a checkpoint holds: every parameter and optimizer-state array, whole.
+    checkpoint_bytes = sum(int(x.size) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(
+        (state.params, state.opt_state)) if hasattr(x, "dtype"))
     memory = compiled.memory_analysis()
     temp = int(memory.temp_size_in_bytes)
     args_bytes = int(memory.argument_size_in_bytes)
@@ -169,6 +172,7 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
         "bytes_per_device": {"parameters": param_bytes, "optimizer_state": opt_bytes,
                              "temporaries": temp, "arguments": args_bytes,
                              "outputs": out_bytes, "aliased": alias, "peak_estimate": peak},
+        "checkpoint_bytes": checkpoint_bytes,
         "flops_per_step_per_device": flops,
         "flops_per_step": flops * args.num_devices,
         "fits": {name: peak <= HEADROOM * size for name, size in ACCELERATOR_MEMORY.items()},
@@ -194,6 +198,8 @@ def print_report(result: dict[str, Any]) -> None:
     print(f"  temporaries      {_gib(b['temporaries'])}  (activations, gradients, workspace)")
     print(f"  peak estimate    {_gib(b['peak_estimate'])}  (arguments + outputs - donated + "
           "temporaries)")
+    print(f"checkpoint       {_gib(result['checkpoint_bytes'])} a step on disk (parameters + "
+          "optimizer state; keep_checkpoints=K needs K + 1 while the newest is written)")
     print(f"FLOPs per step   {result['flops_per_step']:.3e} "
           f"({result['flops_per_step_per_device']:.3e} per device)")
     print(f"fits (peak <= {HEADROOM:.0%} of device memory):")

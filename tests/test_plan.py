@@ -38,6 +38,10 @@ def test_planner_reports_sharded_bytes_and_fit(tmp_path):
     assert plan["bytes_per_device"]["temporaries"] > 0
     assert plan["flops_per_step"] > 6 * total * 8 * 8 / 2  # at least the decoder's matmuls
     assert plan["fits"]["H200"] is True
+    # A checkpoint: the float32 parameters whole, plus Adafactor's state, which is at most one
+    # float32 slot per parameter plus the factored row and column moments.
+    assert 4 * total < plan["checkpoint_bytes"] < 3 * 4 * total
+    assert "checkpoint " in result.stdout
     assert "peak estimate" in result.stdout and "TPU v4" in result.stdout
 
 
