@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from t5x_like import logs
 from t5x_like.checkpoints import hf_bert, hf_gpt, hf_reference, hf_t5, params_io, scan_layout
 
 
@@ -37,7 +38,7 @@ def _import(args: argparse.Namespace) -> int:
               "gpt2.", file=sys.stderr)
         return 2
     config, params = loader(args.from_hf)
-    print(f"Read {args.from_hf}: {config}")
+    logs.log(f"Read {args.from_hf}: {config}")
     if args.verify:
         if family in ("openai-gpt", "gpt2"):
             diffs = hf_reference.max_abs_gpt_differences(args.from_hf, config, params)
@@ -50,17 +51,17 @@ def _import(args: argparse.Namespace) -> int:
                 hf_reference.load_hf_model(args.from_hf), config, params,
                 hf_reference.example_batch(config.vocab_size))
         for name, value in diffs.items():
-            print(f"max_abs_{name}_diff={value:.3e}")
+            logs.log(f"max_abs_{name}_diff={value:.3e}")
         worst = max(diffs.values())
         if worst > hf_reference.VERIFY_TOLERANCE:
             print(f"error: difference {worst:.3e} exceeds {hf_reference.VERIFY_TOLERANCE:g}; "
                   "no checkpoint written.", file=sys.stderr)
             return 1
-        print(f"verified: within {hf_reference.VERIFY_TOLERANCE:g} of the reference")
+        logs.log(f"verified: within {hf_reference.VERIFY_TOLERANCE:g} of the reference")
     if args.layout == "scanned":
         config, params = _relayout(config, params, scanned=True)
     path = params_io.save_params(args.to, params, config)
-    print(f"Wrote {path}")
+    logs.log(f"Wrote {path}")
     return 0
 
 
@@ -83,7 +84,7 @@ def _read_checkpoint(path: str):
 def _restack(args: argparse.Namespace) -> int:
     config, params = _relayout(*_read_checkpoint(args.from_ckpt),
                                scanned=args.layout == "scanned")
-    print(f"Wrote {params_io.save_params(args.to, params, config)} ({args.layout} layers)")
+    logs.log(f"Wrote {params_io.save_params(args.to, params, config)} ({args.layout} layers)")
     return 0
 
 
@@ -91,17 +92,17 @@ def _export(args: argparse.Namespace) -> int:
     config, params = _read_checkpoint(args.from_ckpt)
     if isinstance(config, hf_t5.T5Config):
         hf_t5.save_hf_checkpoint(args.to_hf, params, config)
-        print(f"Wrote {args.to_hf} (config.json + model.safetensors, "
-              "T5ForConditionalGeneration layout)")
+        logs.log(f"Wrote {args.to_hf} (config.json + model.safetensors, "
+                 "T5ForConditionalGeneration layout)")
         return 0
     if isinstance(config, hf_gpt.GPTConfig):
         hf_gpt.save_hf_checkpoint(args.to_hf, params, config)
-        print(f"Wrote {args.to_hf} (config.json + model.safetensors, "
-              f"{hf_gpt.hf_config(config)['architectures'][0]} layout)")
+        logs.log(f"Wrote {args.to_hf} (config.json + model.safetensors, "
+                 f"{hf_gpt.hf_config(config)['architectures'][0]} layout)")
         return 0
     architecture = hf_bert.save_hf_checkpoint(args.to_hf, params, config,
                                               args.hf_architecture)
-    print(f"Wrote {args.to_hf} (config.json + model.safetensors, {architecture} layout)")
+    logs.log(f"Wrote {args.to_hf} (config.json + model.safetensors, {architecture} layout)")
     return 0
 
 

@@ -26,7 +26,7 @@ import gin
 import jax
 import numpy as np
 
-from t5x_like import cli, decoding, evaluation, input_pipeline, storage
+from t5x_like import cli, decoding, evaluation, input_pipeline, logs, storage
 from t5x_like.config import ConfigError
 from t5x_like.eval import default_output_dir, require_checkpoint, restore_model
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
@@ -169,14 +169,16 @@ def infer(checkpoint: str | None = None, task: str | None = None, split: str = "
     model, params = restore_model(checkpoint, lambda: model)
     predict_fn = evaluation.make_predict_fn(model, feature_lengths["targets"],
                                             decoding.DecodeConfig())
+    total = (len(examples) if input_file
+             else evaluation.expected_examples(task_obj, split, max_examples))
     predictions = evaluation.predict(predict_fn, params, examples, vocabulary, batch_size,
-                                     feature_lengths["inputs"])
+                                     feature_lengths["inputs"], progress="infer", total=total)
     records = [p.to_json() for p in predictions]
     output_file = output_file or os.path.join(default_output_dir(checkpoint, "infer"),
                                               f"{task}.jsonl")
     if jax.process_index() == 0:
         evaluation.write_jsonl(output_file, records)
-    print(f"wrote {len(records)} predictions to {output_file}", flush=True)
+    logs.log(f"wrote {len(records)} predictions to {output_file}")
     return records
 
 
