@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -228,12 +229,16 @@ def _torch_load(path: str) -> dict[str, Tensor]:
 
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - UnpicklingError, RuntimeError, EOFError, ...
+    except pickle.UnpicklingError as e:  # the weights-only unpickler met something else
         raise CheckpointError(
-            f"{path} was not loaded: it is truncated or holds more than tensors (torch's "
-            f"weights-only loader refused it: {str(e).splitlines()[0][:200]}); unpickling "
-            "such a file could run code. Fetch it again, or use a safetensors copy of the "
-            "checkpoint.") from None
+            f"{path} was not loaded: it holds more than tensors (torch's weights-only "
+            f"loader refused it: {str(e).splitlines()[0][:200]}), and unpickling such a file "
+            "could run code. Use a safetensors copy of the checkpoint.") from None
+    except Exception as e:  # noqa: BLE001 - RuntimeError, EOFError, ...: not a whole file
+        raise CheckpointError(
+            f"{path} is not a readable PyTorch file ({str(e).splitlines()[0][:200]}); it may "
+            "be truncated: fetch it again, or use a safetensors copy of the checkpoint."
+        ) from None
     return {k: v.float().numpy() for k, v in state.items()}
 
 
