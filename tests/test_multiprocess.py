@@ -10,6 +10,8 @@ import sys
 import numpy as np
 import pytest
 
+from t5x_like import logs
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "multiprocess_worker.py")
 
@@ -68,7 +70,7 @@ def test_two_process_training_run_logs_process_ids_and_one_writer(tmp_path):
     outputs = [p.communicate(timeout=600)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(o[-2000:] for o in outputs)
     for i, out in enumerate(outputs):
-        steps = [line for line in out.splitlines() if "step       4  loss" in line]
+        steps = [line for line in logs.unstamped(out) if "step       4  loss" in line]
         assert steps and all(line.startswith(f"[process {i}/2] ") for line in steps), out[-1500:]
     events = [f for f in os.listdir(model_dir / "tensorboard") if f.startswith("events.out")]
     assert len(events) == 1, events
