@@ -5,7 +5,12 @@ Cloud VM's metadata server (what a TPU VM gets before maintenance takes it down)
 One process: a SIGTERM handler or the maintenance poller sets a flag and the training loop, at
 the next step boundary, saves a checkpoint at that step and returns normally (exit code 0), so
 rerunning the same command resumes there. Before the first step (start-up: data, compilation)
-a SIGTERM ends the run at once, with exit code 0 and nothing saved, as nothing was trained. The
+a SIGTERM ends the process at once, with exit code 0 and nothing saved, as nothing was trained:
+the handler runs the run's clean-up (its message, the MODEL_DIR lock) and calls `os._exit(0)`.
+It does not raise: an exception raised from a signal handler surfaces inside whatever the main
+thread was running (a gc callback swallows it and start-up carries on; unwound through XLA
+compilation or a tf.data pipeline it left the process to segfault at exit). Start-up writes
+nothing a sudden end could leave half-written (`storage.write_text` renames into place). The
 handler stays installed until the last save has finished, so a second SIGTERM during it is
 not fatal.
 
@@ -21,8 +26,10 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import urllib.request
+from collections.abc import Callable
 from types import FrameType
 
 import gin
@@ -54,12 +61,6 @@ def read_maintenance_event(url: str, timeout_s: float = 2.0) -> str | None:
         return None
 
 
-class StoppedBeforeFirstStep(BaseException):
-    """SIGTERM during start-up: nothing has been trained, so nothing is saved; the run ends
-    with exit 0. (A BaseException, like KeyboardInterrupt, so no `except Exception` of the
-    start-up code swallows it.)"""
-
-
 @gin.configurable
 class PreemptionWatcher:
     """`should_stop(step)` after each step; `close()` restores the previous SIGTERM handler and
@@ -67,12 +68,15 @@ class PreemptionWatcher:
 
     `maintenance_event_url`: the metadata endpoint to poll every `poll_seconds` ('auto': the
     Compute Engine one when running on a Google Cloud VM, else nothing is polled; None: never).
+    `end_start_up`: given, a signal before `started()` calls it with the signal's name, then
+    ends the process with exit code 0.
     """
 
     def __init__(self, maintenance_event_url: str | None = "auto",
-                 poll_seconds: float = 5.0, started: bool = True) -> None:
+                 poll_seconds: float = 5.0,
+                 end_start_up: Callable[[str], None] | None = None) -> None:
         self.signal_name: str | None = None
-        self._started = started  # False: a signal raises StoppedBeforeFirstStep until started()
+        self._end_start_up = end_start_up  # None once started(): signals stop at a step
         self._previous = None
         self._multi_process = jax.process_count() > 1
         self._closed = threading.Event()
@@ -91,13 +95,21 @@ class PreemptionWatcher:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         del frame
         self.signal_name = signal.Signals(signum).name
-        if not self._started:
-            raise StoppedBeforeFirstStep(self.signal_name)
+        if self._end_start_up is not None:
+            try:
+                self._end_start_up(self.signal_name)
+            finally:
+                for stream in (sys.stdout, sys.stderr):
+                    try:
+                        stream.flush()
+                    except Exception:  # noqa: BLE001 - e.g. a write the signal interrupted
+                        pass
+                os._exit(0)
 
     def started(self) -> None:
         """Training has begun: from now on a signal stops the run at the next step boundary
         (with a checkpoint) instead of ending start-up at once."""
-        self._started = True
+        self._end_start_up = None
 
     def _poll(self, url: str, poll_seconds: float) -> None:
         while not self._closed.wait(poll_seconds):

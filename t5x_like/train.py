@@ -177,7 +177,14 @@ def train(
     lock = run_lock.acquire(model_dir) if jax.process_index() == 0 else None
     # From here a SIGTERM ends start-up at once (nothing trained, nothing saved: exit 0) and,
     # once training has begun, stops it at the next step with a checkpoint.
-    watcher = preemption.PreemptionWatcher(started=False)
+
+    def end_start_up(signal_name: str) -> None:
+        _log(f"Stopped by {signal_name} during start-up, before the first step: nothing was "
+             "trained, so nothing is saved. Rerun the same command to start.")
+        if lock is not None:
+            lock.release()
+
+    watcher = preemption.PreemptionWatcher(end_start_up=end_start_up)
     try:
         if tfds_data_dir:
             seqio.set_tfds_data_dir_override(tfds_data_dir)
@@ -411,10 +418,6 @@ def train(
             show_predictions(model, jax.device_get(state.params), task, feature_lengths,
                              num_predictions)
         return state
-    except preemption.StoppedBeforeFirstStep as stop:
-        _log(f"Stopped by {stop} during start-up, before the first step: nothing was trained, "
-             "so nothing is saved. Rerun the same command to start.")
-        return None
     finally:
         watcher.close()
         if lock is not None:
