@@ -22,7 +22,9 @@ classes import too.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
+from typing import Callable
 
 from t5x_like import logs
 from t5x_like.checkpoints import hf_bert, hf_gpt, hf_reference, hf_t5, params_io, scan_layout
@@ -60,9 +62,28 @@ def _import(args: argparse.Namespace) -> int:
         logs.log(f"verified: within {hf_reference.VERIFY_TOLERANCE:g} of the reference")
     if args.layout == "scanned":
         config, params = _relayout(config, params, scanned=True)
-    path = params_io.save_params(args.to, params, config)
-    logs.log(f"Wrote {path}")
+    _write(functools.partial(params_io.save_params, args.to, params, config), args.to, params)
     return 0
+
+
+def _write(save: Callable[[], object], destination: str, params, what: str = "") -> None:
+    """Run `save` (one orbax or safetensors write, which reports no progress of its own) between
+    a line saying what is written and how big it is and a line saying where and how long."""
+    import time
+
+    from t5x_like.models.t5 import count_params
+
+    started = time.monotonic()
+    logs.log(f"Writing {destination}: {count_params(params):,} parameters, "
+             f"{_gib(params):.2f} GiB")
+    save()
+    logs.log(f"Wrote {destination}{what} in {time.monotonic() - started:.1f} s")
+
+
+def _gib(params) -> float:
+    import jax
+
+    return sum(x.nbytes for x in jax.tree_util.tree_leaves(params)) / 2**30
 
 
 def _relayout(config, params, scanned: bool):
@@ -78,31 +99,32 @@ def _read_checkpoint(path: str):
 
     directory = params_io.checkpoint_directory(path)
     config = params_io.restore_config(directory)
+    logs.log(f"Reading {directory}")
     return config, jax.device_get(params_io.restore_saved_params(directory))
 
 
 def _restack(args: argparse.Namespace) -> int:
     config, params = _relayout(*_read_checkpoint(args.from_ckpt),
                                scanned=args.layout == "scanned")
-    logs.log(f"Wrote {params_io.save_params(args.to, params, config)} ({args.layout} layers)")
+    _write(functools.partial(params_io.save_params, args.to, params, config), args.to, params,
+           f" ({args.layout} layers)")
     return 0
 
 
 def _export(args: argparse.Namespace) -> int:
     config, params = _read_checkpoint(args.from_ckpt)
     if isinstance(config, hf_t5.T5Config):
-        hf_t5.save_hf_checkpoint(args.to_hf, params, config)
-        logs.log(f"Wrote {args.to_hf} (config.json + model.safetensors, "
-                 "T5ForConditionalGeneration layout)")
-        return 0
-    if isinstance(config, hf_gpt.GPTConfig):
-        hf_gpt.save_hf_checkpoint(args.to_hf, params, config)
-        logs.log(f"Wrote {args.to_hf} (config.json + model.safetensors, "
-                 f"{hf_gpt.hf_config(config)['architectures'][0]} layout)")
-        return 0
-    architecture = hf_bert.save_hf_checkpoint(args.to_hf, params, config,
-                                              args.hf_architecture)
-    logs.log(f"Wrote {args.to_hf} (config.json + model.safetensors, {architecture} layout)")
+        save = functools.partial(hf_t5.save_hf_checkpoint, args.to_hf, params, config)
+        architecture = "T5ForConditionalGeneration"
+    elif isinstance(config, hf_gpt.GPTConfig):
+        save = functools.partial(hf_gpt.save_hf_checkpoint, args.to_hf, params, config)
+        architecture = hf_gpt.hf_config(config)["architectures"][0]
+    else:
+        architecture = hf_bert.export_architecture(params, args.hf_architecture)
+        save = functools.partial(hf_bert.save_hf_checkpoint, args.to_hf, params, config,
+                                 architecture)
+    _write(save, args.to_hf, params,
+           f" (config.json + model.safetensors, {architecture} layout)")
     return 0
 
 

@@ -101,6 +101,30 @@ def test_a_truncated_shard_is_named(sharded_checkpoints, tmp_path, capsys):
     assert f"{shard} is not a readable safetensors file" in err and "fetch it again" in err
 
 
+def test_a_shard_cut_inside_its_tensor_data_is_named_before_any_shard_is_read(
+        sharded_checkpoints, tmp_path, capsys):
+    """The header (an 8-byte length, then JSON whose `data_offsets` end at the data's size:
+    the safetensors format) promises more bytes than the file holds: named up front, with
+    the counts, before a progress bar or a tensor."""
+    import json
+
+    base, _ = sharded_checkpoints
+    hf = _copy(base / "safetensors", tmp_path / "hf")
+    shard = hf / _shards(hf, ".safetensors")[-1]
+    whole = shard.read_bytes()
+    header_bytes = int.from_bytes(whole[:8], "little")
+    data = max(e["data_offsets"][1] for k, e in json.loads(whole[8:8 + header_bytes]).items()
+               if k != "__metadata__")
+    assert len(whole) == 8 + header_bytes + data  # the layout as the format defines it
+    shard.write_bytes(whole[:-10])
+    assert convert.main(["--from_hf", str(hf), "--to", str(tmp_path / "out")]) == 2
+    err = _one_error_line(capsys)
+    assert (f"{shard} is not a readable safetensors file (it holds {data - 10} of the {data} "
+            "bytes of tensor data its header lists); it may be truncated: fetch it again."
+            ) in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_sharded_pytorch_bin_checkpoint_imports(sharded_checkpoints):
     """The shards a `pytorch_model.bin.index.json` lists are read (weights-only) as a whole:
     the output layer equals transformers' own lm_head, transposed."""

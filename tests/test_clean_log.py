@@ -1,7 +1,7 @@
 """A CPU run's log is clean and uniform: none of the libraries' start-up notices that do not
 concern the user (TensorFlow's oneDNN notice and CPU-instructions banner, its failed cuInit on
 a host without a GPU, seqio's uncached-FunctionDataset and orbax's type-handler warnings),
-every line our code logs starts with the time, and eval, c4_clean and wordpiece show a
+every line our code logs starts with the time, and eval, convert, c4_clean and wordpiece show a
 progress bar with rate and ETA as training does."""
 
 import gzip
@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 import pytest
+from tqdm import tqdm
 
 from t5x_like import evaluation, host_runtime, logs
 from tests.test_train import TINY_RUN
@@ -143,6 +144,29 @@ def test_wordpiece_shows_bytes_counted_with_eta(tmp_path, capsys):
     assert re.search(r"wordpiece count words: 100%\|.*\| [\d.]+k?/[\d.]+k? "
                      r"\[\d\d:\d\d<\d\d:\d\d, ", captured.err), captured.err
     assert HAND_STAMP.match(captured.out) and "pieces to" in captured.out
+
+
+def test_convert_shows_bytes_read_with_eta_and_says_what_it_writes(tmp_path, capsys):
+    """A conversion's time goes to reading the checkpoint (45 GB for T5-11B): a bar of bytes
+    read with rate and ETA; the one-call write is announced with its size and timed."""
+    pytest.importorskip("transformers")
+    from t5x_like import convert
+    from tests.test_hf_parity import _make_hf_checkpoint
+
+    model = _make_hf_checkpoint(tmp_path / "hf", "v1_1_gated_gelu_untied")
+    assert convert.main(["--from_hf", str(tmp_path / "hf"), "--to", str(tmp_path / "ckpt")]) == 0
+    captured = capsys.readouterr()
+    # 4 bytes a float32 value, each of transformers' parameters once (safetensors stores
+    # the tied embedding copies once; lm_head is its own tensor in this variant).
+    params = sum(p.numel() for p in model.parameters())
+    stored = 4 * params
+    shown = tqdm.format_sizeof(stored, divisor=1024)  # as tqdm writes a count in B
+    assert re.search(rf"convert read: 100%\|.*\| {shown}/{shown} \[\d\d:\d\d<\d\d:\d\d, "
+                     r".*B/s\]", captured.err), (shown, captured.err)
+    out = captured.out.splitlines()
+    assert all(HAND_STAMP.match(line) for line in out), out
+    assert any(f"Writing {tmp_path / 'ckpt'}: {params:,} parameters" in line for line in out)
+    assert re.search(rf"Wrote {tmp_path / 'ckpt'} in [\d.]+ s", captured.out), captured.out
 
 
 # ----------------------------------------------------------------- a whole CPU run

@@ -227,19 +227,25 @@ def hf_config(cfg: BertConfig, architecture: str = "BertForPreTraining",
             "layer_norm_eps": cfg.layer_norm_epsilon, "pad_token_id": 0}
 
 
+def export_architecture(params: Params, architecture: str | None = None) -> str:
+    """The HF class an export writes: BertForPreTraining, or the fine-tuned model's
+    (`architecture` overrides the guess from the head, e.g. 'BertForMultipleChoice' or
+    'BertForTokenClassification' for a `classifier` head)."""
+    return architecture or _architecture(next((h for h in FINE_TUNING_HEADS if h in params),
+                                              None))
+
+
 def save_hf_checkpoint(directory: str, params: Params, cfg: BertConfig,
                        architecture: str | None = None) -> str:
-    """Write config.json + model.safetensors in HuggingFace's layout: BertForPreTraining, or
-    the fine-tuned model's (`architecture` overrides the guess from the head, e.g.
-    'BertForMultipleChoice' or 'BertForTokenClassification' for a `classifier` head).
-    Returns the architecture written."""
+    """Write config.json + model.safetensors in HuggingFace's layout for
+    `export_architecture(params, architecture)`; returns the architecture written."""
     import json
     import os
 
     from safetensors.numpy import save_file
 
     head = next((h for h in FINE_TUNING_HEADS if h in params), None)
-    architecture = architecture or _architecture(head)
+    architecture = export_architecture(params, architecture)
     num_labels = None
     if head == "classifier" and architecture != "BertForMultipleChoice":
         num_labels = int(np.shape(params[head]["bias"])[0])

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from t5x_like import logs
 from t5x_like.models.t5 import T5Config
 
 Tensor = np.ndarray
@@ -208,19 +209,58 @@ def read_safetensors(checkpoint_dir: str) -> dict[str, Tensor]:
         raise CheckpointError(f"No model.safetensors, model.safetensors.index.json or "
                               f"pytorch_model.bin in {checkpoint_dir}; a HuggingFace "
                               "checkpoint directory holds config.json and its weights.")
+    paths = [os.path.join(checkpoint_dir, name) for name in files]
+    total_bytes = sum(map(_safetensors_data_bytes, paths))  # every shard checked before any read
     tensors: dict[str, Tensor] = {}
-    for name in files:
-        path = os.path.join(checkpoint_dir, name)
-        try:
-            # framework="flax" reads bfloat16 too, which plain numpy cannot represent.
-            with safe_open(path, framework="flax") as f:
-                for key in f.keys():
-                    tensors[key] = np.asarray(f.get_tensor(key), dtype=np.float32)
-        except Exception as e:  # noqa: BLE001 - SafetensorError, OSError: truncated, not one
-            raise CheckpointError(
-                f"{path} is not a readable safetensors file ({str(e).splitlines()[0][:200]}); "
-                "it may be truncated: fetch it again.") from None
+    with _read_progress(total_bytes) as bar:
+        for path in paths:
+            try:
+                # framework="flax" reads bfloat16 too, which plain numpy cannot represent.
+                with safe_open(path, framework="flax") as f:
+                    for key in f.keys():
+                        stored = f.get_tensor(key)
+                        tensors[key] = np.asarray(stored, dtype=np.float32)
+                        bar.update(stored.nbytes)
+            except Exception as e:  # noqa: BLE001 - SafetensorError, OSError: truncated
+                raise CheckpointError(
+                    f"{path} is not a readable safetensors file "
+                    f"({str(e).splitlines()[0][:200]}); it may be truncated: fetch it again."
+                ) from None
     return tensors
+
+
+def _safetensors_data_bytes(path: str) -> int:
+    """The bytes of tensor data a safetensors file's header promises (the format: an 8-byte
+    little-endian header length, a JSON header of `data_offsets`, then the data), checked
+    against the file's size, so a cut-off download is named before any shard is read and a bar
+    over the data ends at exactly 100%."""
+    size = os.path.getsize(path)
+    truncated = (f"{path} is not a readable safetensors file ({{}}); it may be truncated: "
+                 "fetch it again.")
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        header_bytes = int.from_bytes(prefix, "little")
+        if len(prefix) < 8 or 8 + header_bytes > size:
+            raise CheckpointError(truncated.format(f"{size} bytes, shorter than its header"))
+        try:
+            header = json.loads(f.read(header_bytes))
+            data = max((int(entry["data_offsets"][1]) for name, entry in header.items()
+                        if name != "__metadata__"), default=0)
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            raise CheckpointError(truncated.format("its header is not safetensors JSON")
+                                  ) from None
+    if 8 + header_bytes + data > size:
+        raise CheckpointError(truncated.format(
+            f"it holds {size - 8 - header_bytes} of the {data} bytes of tensor data its "
+            "header lists"))
+    return data
+
+
+def _read_progress(total_bytes: int):
+    """The bar a conversion's read shows: bytes read of the checkpoint, with rate and ETA (an
+    11B model is 45 GB; its read is where a conversion spends its time)."""
+    return logs.progress(desc="convert read", total=total_bytes, unit="B", unit_scale=True,
+                         unit_divisor=1024)
 
 
 def _torch_load(path: str) -> dict[str, Tensor]:
@@ -260,9 +300,12 @@ def read_tensors(checkpoint_dir: str) -> dict[str, Tensor]:
         raise CheckpointError(f"{bin_path} is a PyTorch pickle file; reading it safely needs "
                               "torch (pip install torch==2.13.0), or convert it to safetensors "
                               "with transformers' save_pretrained(...).") from e
+    paths = [os.path.join(checkpoint_dir, name) for name in files]
     tensors: dict[str, Tensor] = {}
-    for name in files:
-        tensors.update(_torch_load(os.path.join(checkpoint_dir, name)))
+    with _read_progress(sum(map(os.path.getsize, paths))) as bar:
+        for path in paths:  # torch reads a file whole, so the bar moves a file at a time
+            tensors.update(_torch_load(path))
+            bar.update(os.path.getsize(path))
     return tensors
 
 
