@@ -39,6 +39,7 @@ import ctypes
 import glob
 import importlib.abc
 import importlib.util
+import logging
 import os
 import platform
 import re
@@ -274,6 +275,64 @@ class _AbslNoise:
         return not str(record.msg).startswith(ABSL_NOISE)
 
 
+class _OrbaxThreadTracebacks:
+    """A logging filter for the failures orbax's background writer threads log as they happen
+    (absl's "_SignalingThread.run() raised an exception", "Save Finalize thread ... failed",
+    each with its traceback) and that asyncio logs again as "exception was never retrieved".
+    orbax re-raises every one of them in the main thread at its next wait, where the trainer
+    names the cause in one line (`trainer.Checkpointer`): a full disk printed ~500 lines of
+    these above it. An absl record keeps its first line (the low-level cause, with the file),
+    without the traceback; asyncio's copy is dropped."""
+
+    def filter(self, record) -> bool:  # noqa: A003 - logging's Filter API
+        if not (record.exc_info and _passes_through_orbax(record.exc_info[2])):
+            return True
+        if record.name == "asyncio":
+            return False
+        record.msg, record.args = record.getMessage().split("\n")[0], ()
+        record.exc_info = record.exc_text = None
+        return True
+
+
+def _passes_through_orbax(traceback) -> bool:
+    orbax = f"{os.sep}orbax{os.sep}"
+    while traceback is not None:
+        if orbax in traceback.tb_frame.f_code.co_filename:
+            return True
+        traceback = traceback.tb_next
+    return False
+
+
+def _is_callback_into_closed_loop(unraisable) -> bool:
+    """tensorstore's futures, completing after orbax closed the event loop of a save that had
+    already failed, call `loop.call_soon_threadsafe` on it from C++, which reports
+    "RuntimeError: Event loop is closed" as unraisable (one traceback each, dozens a failed
+    save). Nothing is lost: the save's own failure is raised in the main thread."""
+    traceback = unraisable.exc_traceback
+    while traceback is not None and traceback.tb_next is not None:
+        traceback = traceback.tb_next
+    return (unraisable.object is None and isinstance(unraisable.exc_value, RuntimeError)
+            and str(unraisable.exc_value) == "Event loop is closed" and traceback is not None
+            and traceback.tb_frame.f_code.co_name == "_check_closed"
+            and traceback.tb_frame.f_code.co_filename.endswith(
+                os.path.join("asyncio", "base_events.py")))
+
+
+def _drop_callbacks_into_closed_loops() -> None:
+    """Chain a sys.unraisablehook that drops `_is_callback_into_closed_loop` reports and passes
+    every other one to the hook before it (once per process)."""
+    previous = sys.unraisablehook
+    if getattr(previous, "drops_callbacks_into_closed_loops", False):
+        return
+
+    def hook(unraisable) -> None:
+        if not _is_callback_into_closed_loop(unraisable):
+            previous(unraisable)
+
+    hook.drops_callbacks_into_closed_loops = True
+    sys.unraisablehook = hook
+
+
 def quiet_library_logs() -> None:
     """Keep the log to what concerns the user, before TensorFlow or jax load:
 
@@ -283,7 +342,9 @@ def quiet_library_logs() -> None:
     - the same level applied to the lines TensorFlow logs while loading, before it reads the
       setting (oneDNN's notice, "Could not find cuda drivers"), and its failed cuInit on a
       host without an NVIDIA device (see `has_nvidia_device`);
-    - the absl warnings in ABSL_NOISE.
+    - the absl warnings in ABSL_NOISE;
+    - the tracebacks orbax's writer threads print for a failed save, which the main thread
+      reports in one line (`_OrbaxThreadTracebacks`, `_is_callback_into_closed_loop`).
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if "tensorflow" not in sys.modules and not any(
@@ -297,6 +358,10 @@ def quiet_library_logs() -> None:
     absl_logger = absl_logging.get_absl_logger()
     if not any(isinstance(f, _AbslNoise) for f in absl_logger.filters):
         absl_logger.addFilter(_AbslNoise())
+    for logger in (absl_logger, logging.getLogger("asyncio")):
+        if not any(isinstance(f, _OrbaxThreadTracebacks) for f in logger.filters):
+            logger.addFilter(_OrbaxThreadTracebacks())
+    _drop_callbacks_into_closed_loops()
 
 
 def _ignore(_: ModuleType) -> None:

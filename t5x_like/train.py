@@ -31,7 +31,6 @@ import jax
 import numpy as np
 import seqio
 from clu import metric_writers
-from tqdm import tqdm
 
 from t5x_like import config as config_lib
 from t5x_like import (cli, classifier_eval, decoding, evaluation, flops, hardware,
@@ -185,6 +184,7 @@ def train(
             lock.release()
 
     watcher = preemption.PreemptionWatcher(end_start_up=end_start_up)
+    bar = None
     try:
         if tfds_data_dir:
             seqio.set_tfds_data_dir_override(tfds_data_dir)
@@ -332,8 +332,7 @@ def train(
         best = BestCheckpoints(os.path.join(model_dir, "best"))
 
         # --- loop ----------------------------------------------------------------------------
-        bar = tqdm(total=train_steps, initial=start_step, desc="train", dynamic_ncols=True,
-                   mininterval=1.0 if sys.stderr.isatty() else 30.0)
+        bar = logs.progress(total=train_steps, initial=start_step, desc="train")
         window: list[dict[str, jax.Array]] = []
         eval_data = None
         window_start = time.perf_counter()
@@ -419,6 +418,8 @@ def train(
                              num_predictions)
         return state
     finally:
+        if bar is not None:
+            bar.close()  # before the error a failure prints, so that is the log's last line
         watcher.close()
         if lock is not None:
             lock.release()

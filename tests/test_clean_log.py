@@ -93,6 +93,61 @@ def test_cuinit_error_is_kept_on_a_host_with_an_nvidia_device(monkeypatch):
     assert host_runtime._no_gpu_host_noise(line)
 
 
+def _raised(code: str, filename: str) -> BaseException:
+    try:
+        exec(compile(code, filename, "exec"), {})
+    except BaseException as e:  # noqa: BLE001 - the exception is the test's material
+        return e
+    raise AssertionError("did not raise")
+
+
+def test_orbax_writer_thread_failures_lose_their_traceback_not_their_line(caplog):
+    """orbax's threads log a failed write with its traceback (and asyncio again as "never
+    retrieved"); the main thread reports it in one line, so only orbax's first line stays."""
+    from absl import logging as absl_logging
+
+    host_runtime.quiet_library_logs()
+    error = _raised("raise ValueError('RESOURCE_EXHAUSTED: Failed writing: No space left')",
+                    os.path.join(os.sep, "site-packages", "orbax", "checkpoint", "future.py"))
+    ours = _raised("raise ValueError('a failure of our own')", __file__)
+    with caplog.at_level(logging.ERROR):
+        absl_logging.get_absl_logger().error(
+            "_SignalingThread.run() raised an exception: %s\nmore", error,
+            exc_info=(type(error), error, error.__traceback__))
+        logging.getLogger("asyncio").error("Task exception was never retrieved\nfuture: ...",
+                                           exc_info=(type(error), error, error.__traceback__))
+        absl_logging.get_absl_logger().error("our own failure",
+                                             exc_info=(type(ours), ours, ours.__traceback__))
+    kept = [(r.name, r.getMessage(), r.exc_info is not None) for r in caplog.records]
+    assert kept == [
+        ("absl", "_SignalingThread.run() raised an exception: RESOURCE_EXHAUSTED: Failed "
+                 "writing: No space left", False),
+        ("absl", "our own failure", True)]
+
+
+def test_callbacks_into_a_closed_event_loop_are_not_reported(monkeypatch):
+    """What tensorstore's late futures meet after orbax closed a failed save's loop: asyncio's
+    own "Event loop is closed", raised by call_soon_threadsafe. Any other report goes on."""
+    import asyncio
+    import types
+
+    reported = []
+    monkeypatch.setattr(sys, "unraisablehook", reported.append)
+    host_runtime._drop_callbacks_into_closed_loops()
+    loop = asyncio.new_event_loop()
+    loop.close()
+    try:
+        loop.call_soon_threadsafe(lambda: None)
+    except RuntimeError as e:
+        closed = e
+    other = RuntimeError("Event loop is closed")  # the same text, not from asyncio's check
+    for error in (closed, other):
+        sys.unraisablehook(types.SimpleNamespace(
+            exc_type=RuntimeError, exc_value=error, exc_traceback=error.__traceback__,
+            err_msg=None, object=None))
+    assert [u.exc_value for u in reported] == [other]
+
+
 # ----------------------------------------------------------------- progress bars
 class _Vocab:
     def decode(self, ids):
