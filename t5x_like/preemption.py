@@ -12,7 +12,7 @@ thread was running (a gc callback swallows it and start-up carries on; unwound t
 compilation or a tf.data pipeline it left the process to segfault at exit). Start-up writes
 nothing a sudden end could leave half-written (`storage.write_text` renames into place). The
 handler stays installed until the last save has finished, so a second SIGTERM during it is
-not fatal.
+not fatal: it is logged and the save goes on.
 
 Several processes: jax's preemption sync point (`multihost_utils.reached_preemption_sync_point`,
 fed by the coordination service) makes every process stop at the same step, as orbax's
@@ -34,6 +34,8 @@ from types import FrameType
 
 import gin
 import jax
+
+from t5x_like import logs
 
 # The Compute Engine metadata server's maintenance notice: NONE until the host is about to be
 # serviced, then MIGRATE_ON_HOST_MAINTENANCE or TERMINATE_ON_HOST_MAINTENANCE.
@@ -59,6 +61,16 @@ def read_maintenance_event(url: str, timeout_s: float = 2.0) -> str | None:
             return response.read().decode().strip()
     except Exception:  # noqa: BLE001 - no metadata server: nothing to watch
         return None
+
+
+def _say(message: str) -> None:
+    """A log line from a signal handler: one os.write to stdout's descriptor, since the
+    handler may have interrupted a write to sys.stdout (a print there could raise a reentrant
+    call error)."""
+    try:
+        os.write(sys.stdout.fileno(), (logs.stamped(message) + "\n").encode())
+    except (OSError, ValueError, AttributeError):  # no stdout to write to
+        pass
 
 
 @gin.configurable
@@ -94,7 +106,12 @@ class PreemptionWatcher:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         del frame
-        self.signal_name = signal.Signals(signum).name
+        name = signal.Signals(signum).name
+        if self.signal_name is not None and self._end_start_up is None:
+            _say(f"{name} while the run is already stopping: it saves its checkpoint, then "
+                 "exits (SIGKILL would lose the steps since the last checkpoint)")
+            return
+        self.signal_name = name
         if self._end_start_up is not None:
             try:
                 self._end_start_up(self.signal_name)
