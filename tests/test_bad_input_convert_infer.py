@@ -125,6 +125,31 @@ def test_a_shard_cut_inside_its_tensor_data_is_named_before_any_shard_is_read(
     assert not (tmp_path / "out").exists()
 
 
+def test_a_header_length_past_safetensors_limit_is_refused_unread(sharded_checkpoints,
+                                                                   tmp_path, capsys):
+    """A damaged length (here 200 MB, above safetensors' 100 MB MAX_HEADER_SIZE) in a file
+    big enough to hold it (sparse) is named, not read into memory."""
+    base, _ = sharded_checkpoints
+    hf = _copy(base / "single", tmp_path / "hf")
+    with open(hf / "model.safetensors", "r+b") as f:
+        f.write((200_000_000).to_bytes(8, "little"))
+        f.truncate(300_000_000)
+    assert convert.main(["--from_hf", str(hf), "--to", str(tmp_path / "out")]) == 2
+    err = _one_error_line(capsys)
+    assert (f"{hf / 'model.safetensors'} is not a readable safetensors file (300000000 "
+            "bytes; its header length says 200000000)") in err
+
+
+def test_a_shard_that_cannot_be_opened_is_named(sharded_checkpoints, tmp_path, capsys):
+    base, _ = sharded_checkpoints
+    hf = _copy(base / "single", tmp_path / "hf")
+    os.remove(hf / "model.safetensors")
+    os.mkdir(hf / "model.safetensors")  # a directory where the file should be
+    assert convert.main(["--from_hf", str(hf), "--to", str(tmp_path / "out")]) == 2
+    err = _one_error_line(capsys)
+    assert f"{hf / 'model.safetensors'} cannot be read (Is a directory)" in err
+
+
 def test_sharded_pytorch_bin_checkpoint_imports(sharded_checkpoints):
     """The shards a `pytorch_model.bin.index.json` lists are read (weights-only) as a whole:
     the output layer equals transformers' own lm_head, transposed."""

@@ -160,6 +160,8 @@ def _read_json(path: str, what: str) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
             value = json.loads(f.read().decode("utf-8"))
+    except CheckpointError:
+        raise
     except OSError as e:
         raise CheckpointError(f"{path} cannot be read ({e.strerror or e}); {what}") from None
     except UnicodeDecodeError as e:
@@ -229,28 +231,39 @@ def read_safetensors(checkpoint_dir: str) -> dict[str, Tensor]:
     return tensors
 
 
+# safetensors' own limit on the JSON header (its MAX_HEADER_SIZE): a larger length is damage.
+_MAX_SAFETENSORS_HEADER = 100_000_000
+
+
 def _safetensors_data_bytes(path: str) -> int:
     """The bytes of tensor data a safetensors file's header promises (the format: an 8-byte
     little-endian header length, a JSON header of `data_offsets`, then the data), checked
     against the file's size, so a cut-off download is named before any shard is read and a bar
     over the data ends at exactly 100%."""
-    size = os.path.getsize(path)
-    truncated = (f"{path} is not a readable safetensors file ({{}}); it may be truncated: "
-                 "fetch it again.")
-    with open(path, "rb") as f:
-        prefix = f.read(8)
-        header_bytes = int.from_bytes(prefix, "little")
-        if len(prefix) < 8 or 8 + header_bytes > size:
-            raise CheckpointError(truncated.format(f"{size} bytes, shorter than its header"))
-        try:
+    unreadable = (f"{path} is not a readable safetensors file ({{}}); it may be truncated: "
+                  "fetch it again.")
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            prefix = f.read(8)
+            header_bytes = int.from_bytes(prefix, "little")
+            if (len(prefix) < 8 or 8 + header_bytes > size
+                    or header_bytes > _MAX_SAFETENSORS_HEADER):
+                raise CheckpointError(unreadable.format(
+                    f"{size} bytes; its header length says {header_bytes}"))
             header = json.loads(f.read(header_bytes))
-            data = max((int(entry["data_offsets"][1]) for name, entry in header.items()
-                        if name != "__metadata__"), default=0)
-        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
-            raise CheckpointError(truncated.format("its header is not safetensors JSON")
-                                  ) from None
+        data = max((int(entry["data_offsets"][1]) for name, entry in header.items()
+                    if name != "__metadata__"), default=0)
+    except CheckpointError:
+        raise
+    except OSError as e:
+        raise CheckpointError(f"{path} cannot be read ({e.strerror or e}); check the file and "
+                              "its permissions, or fetch it again.") from None
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError):
+        raise CheckpointError(unreadable.format("its header is not safetensors JSON")
+                              ) from None
     if 8 + header_bytes + data > size:
-        raise CheckpointError(truncated.format(
+        raise CheckpointError(unreadable.format(
             f"it holds {size - 8 - header_bytes} of the {data} bytes of tensor data its "
             "header lists"))
     return data
