@@ -281,18 +281,17 @@ class _OrbaxThreadTracebacks:
     each with its traceback) and that asyncio logs again as "exception was never retrieved".
     A failure that stops a save is re-raised in the main thread at orbax's next wait, where the
     trainer names the cause in one line (`trainer.Checkpointer`); a full disk printed ~500
-    lines of these above it. Each record keeps one line, without the traceback: its first line
-    (absl: the low-level cause, with the file), or asyncio's "never retrieved" with the
-    exception's own first line, since no one else reports a second, different failure."""
+    lines of these above it. An absl record keeps its first line (the low-level cause, with
+    the file), without the traceback. asyncio's copies are dropped: they repeat the writers'
+    failures, and they are logged when the futures are collected, which can be after the
+    trainer's one line, so a kept copy would bury the line that says what to do."""
 
     def filter(self, record) -> bool:  # noqa: A003 - logging's Filter API
         try:
             if record.exc_info and _passes_through_orbax(record.exc_info[2]):
-                line = record.getMessage().split("\n")[0]
                 if record.name == "asyncio":
-                    error = record.exc_info[1]
-                    line += f": {type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
-                record.msg, record.args = line, ()
+                    return False
+                record.msg, record.args = record.getMessage().split("\n")[0], ()
                 record.exc_info = record.exc_text = None
         except Exception:  # noqa: BLE001 - a filter must not fail inside orbax's own thread
             pass
