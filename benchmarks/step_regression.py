@@ -58,7 +58,7 @@ def _worker(family_name: str, batch: int, inputs: int, targets: int,
     family = FAMILIES[family_name]
     cfg = family.benchmark_config
     if bindings:
-        from t5x_like.config import bind_over
+        from t5x_like.gin_setup import bind_over
 
         cfg = bind_over(cfg, bindings)
     model = family.make_model(cfg, None)

@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Any, Callable, Sequence
 
-from t5x_like import config as config_lib
+from t5x_like import errors, gin_setup
 from t5x_like import distributed, host_runtime, run_health
 
 
@@ -49,9 +49,9 @@ def run(entry: Callable[[], Any], argv: Sequence[str] | None, description: str) 
                   f"{os.getcwd()}).", file=sys.stderr)
             return 2
     try:
-        config_lib.parse_gin(files, bindings)
+        gin_setup.parse_gin(files, bindings)
         distributed.initialize()
-    except config_lib.ConfigError as e:  # (a ValueError: caught before the gin branch)
+    except errors.ConfigError as e:  # (a ValueError: caught before the gin branch)
         print(f"error: {e}", file=sys.stderr)
         return 2
     except (ValueError, SyntaxError) as e:
@@ -61,10 +61,10 @@ def run(entry: Callable[[], Any], argv: Sequence[str] | None, description: str) 
         return 2
     try:
         entry()
-    except config_lib.ConfigError as e:
+    except errors.ConfigError as e:
         print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
-    except run_health.NonFiniteLoss as e:
+    except errors.NonFiniteLoss as e:
         print(f"error: {one_line(e)}", file=sys.stderr)
         return 3
     return 0
@@ -74,6 +74,6 @@ def main_of_module(module_name: str) -> None:
     """Run `module_name`'s `main()` and exit with its code. An entry point calls this when run
     as `python -m module_name`, before its own definitions: the file then runs as `__main__`,
     and its gin configurables would be registered under `__main__` as well as under the
-    module's name once anything imports the module (`config.register_configurables` does), so
+    module's name once anything imports the module (`gin_setup.register_configurables` does), so
     a binding such as `train.batch_size` would match two configurables."""
     sys.exit(importlib.import_module(module_name).main())

@@ -26,7 +26,7 @@ import urllib.request
 import gin
 import jax
 
-from t5x_like.config import ConfigError
+from t5x_like.errors import ConfigError
 from t5x_like.preemption import on_google_cloud
 
 # The metadata server's address; jax's cloud_tpu_cluster.get_metadata (and TensorFlow's GCS

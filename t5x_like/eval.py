@@ -32,7 +32,7 @@ import seqio
 from t5x_like import (classifier_eval, cli, decoding, evaluation, input_pipeline, logs,
                       partitioning, storage)
 from t5x_like.checkpoints import params_io
-from t5x_like.config import ConfigError
+from t5x_like.errors import ConfigError
 from t5x_like.models.base import Model
 from t5x_like.models.encoder_decoder import EncoderDecoderModel, unbox
 

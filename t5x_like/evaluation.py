@@ -17,7 +17,7 @@ import numpy as np
 import seqio
 
 from t5x_like import decoding, input_pipeline, logs, storage
-from t5x_like.config import ConfigError
+from t5x_like.errors import ConfigError
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
 
 PredictFn = Callable[[Any, dict[str, np.ndarray]], tuple[np.ndarray, np.ndarray]]

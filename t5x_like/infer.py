@@ -27,7 +27,7 @@ import jax
 import numpy as np
 
 from t5x_like import cli, decoding, evaluation, input_pipeline, logs, storage
-from t5x_like.config import ConfigError
+from t5x_like.errors import ConfigError
 from t5x_like.eval import default_output_dir, require_checkpoint, restore_model
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
 

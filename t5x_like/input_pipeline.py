@@ -17,7 +17,8 @@ import jax
 import seqio
 import tensorflow as tf
 
-from t5x_like.config import ConfigError
+from t5x_like.data import task_heads, text_files
+from t5x_like.errors import ConfigError
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
 
 # T5's features by default; another model family passes `model=` with its own converter.
@@ -25,11 +26,18 @@ MODEL_FEATURES = EncoderDecoderModel.FEATURES
 
 
 def resolve_task(name: str) -> seqio.Task | seqio.Mixture:
-    """The registered task or mixture, or an error that suggests close names."""
-    import tasks  # noqa: F401  (registers everything)
+    """The registered task or mixture, or an error that suggests close names.
 
+    The library registers no task itself: the entry points import the task modules
+    (`gin_setup.register_configurables` imports `tasks`), and a script calling the library
+    directly imports the module that registers its tasks first."""
     names = list(seqio.TaskRegistry.names()) + list(seqio.MixtureRegistry.names())
     if name not in names:
+        if not names:
+            raise ConfigError(f"Unknown task or mixture {name!r}: no task is registered. Import "
+                              "the module that registers it first (`import tasks` for this "
+                              "repository's tasks), or run through python -m t5x_like.train, "
+                              "which does.")
         close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
         hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
         raise ConfigError(f"Unknown task or mixture {name!r}.{hint} Registered: "
@@ -58,8 +66,6 @@ def _may_have(task: seqio.Task, split: str) -> bool:
 
 def check_data_available(task_or_mixture: seqio.Task | seqio.Mixture, split: str) -> None:
     """Fail now, with instructions, if a TFDS dataset the task reads is not prepared."""
-    from tasks import text_files
-
     members = _tasks_of(task_or_mixture, split)
     if not members:
         raise ConfigError(f"No task of mixture {task_or_mixture.name!r} has a {split!r} "
@@ -190,17 +196,16 @@ def check_resumed_vocabulary(saved: Mapping[str, dict], current: Mapping[str, di
 def check_num_labels(task_or_mixture: seqio.Task | seqio.Mixture, model) -> None:
     """A fine-tuning head must have as many outputs as the task has labels (and for GPT-1's
     heads, the task's way of combining sequences and the special tokens in the vocabulary)."""
-    from tasks import bert, gpt
-
     wanted = getattr(model, "num_labels", None)
     combine = getattr(model, "combine", None)
     name = type(model).__name__
     for task in _tasks_of(task_or_mixture):
-        labels = bert.NUM_LABELS.get(task.name, gpt.NUM_LABELS.get(task.name))
-        if combine is not None and task.name in gpt.COMBINE:
-            if gpt.COMBINE[task.name] != combine:
+        head = task_heads.head_of(task.name)
+        labels = head.num_labels if head else None
+        if combine is not None and head is not None and head.combine is not None:
+            if head.combine != combine:
                 raise ConfigError(f"Task {task.name!r} frames its inputs for "
-                                  f"{name}.combine = {gpt.COMBINE[task.name]!r}, not "
+                                  f"{name}.combine = {head.combine!r}, not "
                                   f"{combine!r}; bind that.")
             if getattr(model.config, "num_special_tokens", 0) < 3:
                 raise ConfigError(f"Task {task.name!r} uses GPT-1's start, delimiter and "

@@ -210,7 +210,7 @@ def learning_rate_schedule(name: str = "inverse_sqrt", warmup_steps: int = 10_00
     if name == "cosine":  # GPT-1 pretraining: linear warm-up to `peak`, cosine anneal to 0
         return optax.warmup_cosine_decay_schedule(0.0, peak, max(warmup_steps, 1),
                                                   max(total_steps, warmup_steps + 1), 0.0)
-    from t5x_like.config import ConfigError
+    from t5x_like.errors import ConfigError
 
     raise ConfigError(f"train.learning_rate_schedule={name!r}; choose one of {SCHEDULES}.")
 
@@ -228,7 +228,7 @@ def make_optimizer(name: str, learning_rate: optax.Schedule,
     elif name == "adamw":
         tx = bert_adamw(learning_rate)
     else:
-        from t5x_like.config import ConfigError
+        from t5x_like.errors import ConfigError
 
         raise ConfigError(f"train.optimizer={name!r}; choose one of {OPTIMIZERS}.")
     if not frozen_modules:

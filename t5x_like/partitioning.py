@@ -33,7 +33,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from t5x_like.config import ConfigError
+from t5x_like.errors import ConfigError
 
 Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
 

@@ -80,7 +80,7 @@ def _run_bindings() -> dict[str, Any]:
 def _with_run_settings(args: argparse.Namespace, run: dict[str, Any]) -> argparse.Namespace:
     """`args` with each setting left unset taken from the run's bindings `run`, else from
     RUN_DEFAULTS. The planner compiles T5's step: a run of another model class is an error."""
-    from t5x_like.config import ConfigError
+    from t5x_like.errors import ConfigError
     from t5x_like.models.encoder_decoder import EncoderDecoderModel
 
     model_class = run.get("model_class", EncoderDecoderModel)
@@ -105,7 +105,7 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
     import jax
 
     from t5x_like import optimizers, partitioning, trainer
-    from t5x_like.config import load_model_config
+    from t5x_like.gin_setup import load_model_config
     from t5x_like.models.encoder_decoder import EncoderDecoderModel
     from t5x_like.models.t5 import count_params
 
@@ -217,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     flags.append(f"--xla_force_host_platform_device_count={args.num_devices}")
     os.environ["XLA_FLAGS"] = " ".join(flags)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    from t5x_like.config import ConfigError
+    from t5x_like.errors import ConfigError
 
     try:
         result = plan(args)

@@ -8,12 +8,7 @@ import collections
 import math
 from typing import Mapping
 
-from t5x_like.config import ConfigError
-
-
-class NonFiniteLoss(RuntimeError):
-    """Training stopped (train.nonfinite_policy='stop') at a step whose loss or gradient norm
-    was NaN/Inf; the message names the step, the metric and what was saved."""
+from t5x_like.errors import ConfigError
 
 
 GUARDED_METRICS = ("loss", "grad_norm")

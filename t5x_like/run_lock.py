@@ -23,15 +23,11 @@ import time
 import uuid
 
 from t5x_like import storage
-from t5x_like.config import ConfigError
+from t5x_like.errors import ConfigError, ModelDirInUse
 
 LOCK_FILE = "RUN_LOCK.json"
 HEARTBEAT_S = 60.0
 STALE_AFTER_S = 600.0
-
-
-class ModelDirInUse(ConfigError):
-    """Another live run holds MODEL_DIR."""
 
 
 def _alive(pid: int) -> bool:

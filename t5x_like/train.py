@@ -32,7 +32,7 @@ import numpy as np
 import seqio
 from clu import metric_writers
 
-from t5x_like import config as config_lib
+from t5x_like import config, errors
 from t5x_like import (cli, classifier_eval, decoding, evaluation, flops, hardware,
                       input_pipeline, logs, optimizers, partitioning, preemption,
                       run_health, run_lock, storage, train_data, trainer)
@@ -44,14 +44,14 @@ from t5x_like.models.encoder_decoder import EncoderDecoderModel
 
 def _check_model_dir(model_dir: str | None) -> str:
     if not model_dir:
-        raise config_lib.ConfigError("No model directory: pass --gin.MODEL_DIR=/path/for/this/run.")
+        raise errors.ConfigError("No model directory: pass --gin.MODEL_DIR=/path/for/this/run.")
     model_dir = storage.resolve(model_dir)
     try:
         probe = os.path.join(model_dir, f".write_test-{jax.process_index()}")
         storage.write_text(probe, "ok")
         storage.remove(probe)
     except storage.ERRORS as e:
-        raise config_lib.ConfigError(f"MODEL_DIR {model_dir} is not writable ({e}); choose another "
+        raise errors.ConfigError(f"MODEL_DIR {model_dir} is not writable ({e}); choose another "
                               "--gin.MODEL_DIR.") from e
     return model_dir
 
@@ -61,13 +61,13 @@ def _check_resume_config(checkpointer: trainer.Checkpointer, cfg) -> None:
     diffs = [f"{k}: checkpoint {v!r} vs config {current.get(k)!r}" for k, v in saved.items()
              if v != current.get(k) and k not in params_io.COMPUTE_ONLY_FIELDS]
     if "scan_layers" in saved and saved["scan_layers"] != current.get("scan_layers"):
-        raise config_lib.ConfigError(
+        raise errors.ConfigError(
             f"MODEL_DIR {checkpointer.directory} was trained with scan_layers="
             f"{saved['scan_layers']}; resume with --gin.{type(cfg).__name__}.scan_layers="
             f"{saved['scan_layers']} (the optimizer state is in that layout), or start a new "
             "run from it with --gin.train.init_checkpoint, which converts the parameters.")
     if diffs:
-        raise config_lib.ConfigError(
+        raise errors.ConfigError(
             f"MODEL_DIR {checkpointer.directory} holds a checkpoint of a different model "
             f"({'; '.join(diffs)}). Use another --gin.MODEL_DIR or the checkpoint's model gin "
             "file.")
@@ -80,27 +80,27 @@ def _write_text(path: str, text: str) -> None:
 
 # Every numeric setting of `train`, checked before anything is read or written.
 SETTINGS = {
-    "batch_size": config_lib.Number(int, minimum=1),
-    "train_steps": config_lib.Number(int, minimum=1),
-    "warmup_steps": config_lib.Number(int, minimum=0),
-    "learning_rate_scale": config_lib.Number(float, above=0),
-    "eval_every": config_lib.Number(int, minimum=0),
-    "eval_batches": config_lib.Number(int, minimum=0),
-    "checkpoint_every": config_lib.Number(int, minimum=1),
-    "keep_checkpoints": config_lib.Number(int, minimum=1, optional=True),
-    "log_every": config_lib.Number(int, minimum=1),
-    "seed": config_lib.Number(int),
-    "num_microbatches": config_lib.Number(int, minimum=1),
-    "num_predictions": config_lib.Number(int, minimum=0),
-    "constant_learning_rate": config_lib.Number(float, above=0),
-    "metrics_eval_every": config_lib.Number(int, minimum=0),
-    "metrics_eval_examples": config_lib.Number(int, minimum=1, optional=True),
-    "metrics_eval_batch_size": config_lib.Number(int, minimum=1),
-    "peak_learning_rate": config_lib.Number(float, above=0),
-    "train_epochs": config_lib.Number(float, above=0, optional=True),
-    "warmup_proportion": config_lib.Number(float, minimum=0, maximum=1, optional=True),
-    "data_shards": config_lib.Number(int, minimum=1, optional=True),
-    "loss_spike_ratio": config_lib.Number(float, above=1),
+    "batch_size": config.Number(int, minimum=1),
+    "train_steps": config.Number(int, minimum=1),
+    "warmup_steps": config.Number(int, minimum=0),
+    "learning_rate_scale": config.Number(float, above=0),
+    "eval_every": config.Number(int, minimum=0),
+    "eval_batches": config.Number(int, minimum=0),
+    "checkpoint_every": config.Number(int, minimum=1),
+    "keep_checkpoints": config.Number(int, minimum=1, optional=True),
+    "log_every": config.Number(int, minimum=1),
+    "seed": config.Number(int),
+    "num_microbatches": config.Number(int, minimum=1),
+    "num_predictions": config.Number(int, minimum=0),
+    "constant_learning_rate": config.Number(float, above=0),
+    "metrics_eval_every": config.Number(int, minimum=0),
+    "metrics_eval_examples": config.Number(int, minimum=1, optional=True),
+    "metrics_eval_batch_size": config.Number(int, minimum=1),
+    "peak_learning_rate": config.Number(float, above=0),
+    "train_epochs": config.Number(float, above=0, optional=True),
+    "warmup_proportion": config.Number(float, minimum=0, maximum=1, optional=True),
+    "data_shards": config.Number(int, minimum=1, optional=True),
+    "loss_spike_ratio": config.Number(float, above=1),
 }
 
 
@@ -169,7 +169,7 @@ def train(
     """
 
     # --- checks, before anything expensive -----------------------------------------------
-    config_lib.check_numbers("train", locals(), SETTINGS)  # before MODEL_DIR is touched
+    config.check_numbers("train", locals(), SETTINGS)  # before MODEL_DIR is touched
     model_dir = _check_model_dir(model_dir)
     # One run per MODEL_DIR (process 0 holds the lock for all), before anything is removed
     # or written there.
@@ -525,7 +525,7 @@ def _profile_window(profile_steps: str | None) -> tuple[int, int] | None:
     except ValueError:
         start, end = -1, -1
     if not 0 <= start < end:
-        raise config_lib.ConfigError(f"--profile_steps={profile_steps!r}: give START:END with "
+        raise errors.ConfigError(f"--profile_steps={profile_steps!r}: give START:END with "
                                      "0 <= START < END, e.g. --profile_steps=10:15.")
     return start, end
 
@@ -561,7 +561,7 @@ def _stop_on_nonfinite(step: int, values: Mapping[str, np.ndarray], state: train
     if good_step and good_step not in checkpointer.steps():
         save(state)
     _log_saved(checkpointer.close())
-    raise run_health.NonFiniteLoss(run_health.stop_message(
+    raise errors.NonFiniteLoss(run_health.stop_message(
         step, values, good_step or None, checkpointer.directory))
 
 
@@ -587,12 +587,12 @@ def _phase_plan(phases: Sequence[tuple[float, Mapping[str, int]]] | None,
     plan, previous = [], 0.0
     for fraction, lengths in phases:
         if not previous < float(fraction) <= 1.0:
-            raise config_lib.ConfigError(
+            raise errors.ConfigError(
                 f"train.phases: the end fractions must increase within (0, 1], got {phases}.")
         plan.append((int(round(float(fraction) * train_steps)), dict(lengths)))
         previous = float(fraction)
     if previous != 1.0:
-        raise config_lib.ConfigError(f"train.phases: the last phase must end at 1.0, got "
+        raise errors.ConfigError(f"train.phases: the last phase must end at 1.0, got "
                                      f"{previous}.")
     return plan
 

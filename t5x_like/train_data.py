@@ -28,7 +28,7 @@ import seqio
 import tensorflow as tf
 
 from t5x_like import input_pipeline, storage
-from t5x_like.config import ConfigError
+from t5x_like.errors import ConfigError
 
 INPUT_STATE_DIR = "input_state"
 

@@ -26,7 +26,7 @@ import orbax.checkpoint as ocp
 from jax.sharding import Mesh
 
 from t5x_like import optimizers, partitioning, storage
-from t5x_like.config import ConfigError
+from t5x_like.errors import CheckpointUnreadable, CheckpointWriteFailed, ConfigError
 from t5x_like.checkpoints import params_io
 from t5x_like.models import base
 from t5x_like.models.base import Model
@@ -232,15 +232,6 @@ def _size(n: int | None) -> str:
     if n is None:
         return "unknown"
     return f"{n / 2**20:,.1f} MiB" if n < 2**30 else f"{n / 2**30:,.2f} GiB"
-
-
-class CheckpointUnreadable(ConfigError):
-    """A checkpoint on disk that cannot be restored (truncated, missing or damaged files)."""
-
-
-class CheckpointWriteFailed(ConfigError):
-    """A save that could not be written (disk full, no permission): the earlier checkpoints
-    are intact and the message says how to resume."""
 
 
 _DISK_FULL_SIGNS = ("No space left", "RESOURCE_EXHAUSTED", "ENOSPC", "Disk quota exceeded")

@@ -26,8 +26,8 @@ Fine-tuning (task feature lengths {"inputs": 128} or as the recipe says):
 The vocabulary is one `vocab.txt` for all of them: `bert_vocab_path.path` in gin (or the
 BERT_VOCAB environment variable): the checkpoint's own vocab.txt when fine-tuning an imported
 model, with `bert_vocab_lower_case.lower_case = False` for a cased one. Unset, it is a
-WordPiece vocabulary learnt once from the offline corpus. `NUM_LABELS` says how many outputs
-each fine-tuning task needs; training checks the model against it.
+WordPiece vocabulary learnt once from the offline corpus. Each fine-tuning task records how many
+outputs its head needs in `t5x_like.data.task_heads`; training checks the model against it.
 """
 
 from __future__ import annotations
@@ -42,9 +42,10 @@ import tensorflow as tf
 
 from t5x_like import bert_preprocessors as bp
 from t5x_like import metrics, offline_corpus
-from t5x_like.config import ConfigError
+from t5x_like.errors import ConfigError
+from t5x_like.data import task_heads, text_files
 from t5x_like.data.wordpiece import WordPieceVocabulary
-from tasks import c4, offline, text_files
+from tasks import c4, offline
 
 
 @gin.configurable
@@ -66,14 +67,11 @@ def _features(*keys: str, rank: int = 1) -> dict[str, seqio.Feature]:
     return {k: seqio.Feature(BERT_VOCABULARY, add_eos=False, rank=rank) for k in keys}
 
 
-NUM_LABELS: dict[str, int] = {}
-
-
 def _register(name: str, source: seqio.DataSource, preprocessors: Sequence[Callable],
               metric_fns: Sequence[Callable] = (), num_labels: int | None = None,
               output_keys: Sequence[str] = ("inputs",), rank: int = 1) -> seqio.Task:
     if num_labels is not None:
-        NUM_LABELS[name] = num_labels
+        task_heads.register(name, num_labels)
     return seqio.TaskRegistry.add(name, source=source, preprocessors=list(preprocessors),
                                   output_features=_features(*output_keys, rank=rank),
                                   metric_fns=list(metric_fns))

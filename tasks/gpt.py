@@ -13,9 +13,9 @@ text-to-text).
   gpt_offline_word_order                    offline: original (1) or shuffled (0) word order
 
 Vocabulary: the C4 SentencePiece vocabulary (that of `c4_v220_full_lm`, the GPT pretraining task
-on C4) for the benchmarks, the offline vocabulary for the offline task. `NUM_LABELS` and
-`COMBINE` say what head each task needs (`GPTClassifierModel.num_labels` / `.combine`); the
-trainer checks them.
+on C4) for the benchmarks, the offline vocabulary for the offline task. Each task records the
+head it needs (`GPTClassifierModel.num_labels` / `.combine`) in `t5x_like.data.task_heads`; the
+trainer checks the model against it.
 """
 
 from __future__ import annotations
@@ -24,19 +24,18 @@ import seqio
 
 from t5x_like import gpt_preprocessors as gp
 from t5x_like import metrics
+from t5x_like.data import task_heads
 from tasks import bert, c4, offline
 
-NUM_LABELS: dict[str, int] = {}
-COMBINE: dict[str, str] = {}
 _HEAD_OF_TRANSFORM = {"classification": "single", "entailment": "single",
                       "similarity": "sum_orderings", "choices": "choices"}
 
 
 def _register(name: str, source: seqio.DataSource, vocabulary: seqio.Vocabulary, kind: str,
               text_keys: tuple[str, ...], metric_fns, num_labels: int, pre=()) -> seqio.Task:
-    NUM_LABELS[name] = num_labels
-    COMBINE[name] = _HEAD_OF_TRANSFORM[kind]
-    rank = 1 if COMBINE[name] == "single" else 2
+    combine = _HEAD_OF_TRANSFORM[kind]
+    task_heads.register(name, num_labels, combine)
+    rank = 1 if combine == "single" else 2
     return seqio.TaskRegistry.add(
         name, source=source,
         preprocessors=[*pre, gp.transform(kind, text_keys)],

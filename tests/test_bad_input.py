@@ -181,7 +181,7 @@ def test_non_utf8_line_past_the_start_up_check_stops_the_pipeline_naming_the_fil
     the input pipeline with the file's name instead of feeding mojibake to the tokenizer."""
     import tensorflow as tf
 
-    from tasks import text_files
+    from t5x_like.data import text_files
 
     path = tmp_path / "big.txt"
     path.write_bytes(b"fine text\n\n" * 4 + b"caf\xe9\n")

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from t5x_like import bert_preprocessors as bp
 from t5x_like import metrics, squad_eval, squad_spans
-from t5x_like.config import ConfigError
+from t5x_like.errors import ConfigError
 from t5x_like.data.wordpiece import WordPieceVocabulary
 from tests.oracle import run_oracle
 

@@ -15,7 +15,7 @@ import pytest
 import seqio
 
 from t5x_like import bert_features, squad_eval
-from t5x_like import config as config_lib
+from t5x_like import gin_setup
 from t5x_like import train
 from tests.oracle import run_oracle
 from tests.tiny_tfds import build_tiny
@@ -228,7 +228,7 @@ RECIPES = [
 def test_fine_tuning_recipe_runs_and_scores_validation(gin_file, extra, metric_names, data_dir,
                                                        tmp_path):
     model_dir = tmp_path / "run"
-    config_lib.parse_gin([os.path.join(ROOT, "gin_configs/models/bert/tiny.gin"),
+    gin_setup.parse_gin([os.path.join(ROOT, "gin_configs/models/bert/tiny.gin"),
                           os.path.join(ROOT, "gin_configs/runs", gin_file)], TINY_BERT + extra + [
         f"MODEL_DIR={model_dir}", f"bert_vocab_path.path={data_dir / 'vocab.txt'}",
         "train.train_epochs=None", "TRAIN_STEPS=3", "BATCH_SIZE=8",

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import seqio
 
-from t5x_like import config as config_lib
+from t5x_like import gin_setup
 from t5x_like import logs, optimizers, partitioning, train, trainer
 from t5x_like.models import bert, bert_models
 
@@ -101,7 +101,7 @@ def _logged(out, key):
 @pytest.mark.slow  # (the default suite must stay under 15 minutes)
 def test_tiny_two_phase_pretraining_run_lowers_the_masked_lm_loss(tmp_path, capsys):
     model_dir = tmp_path / "bert"
-    config_lib.parse_gin(PRETRAIN_GIN, [
+    gin_setup.parse_gin(PRETRAIN_GIN, [
         f"MODEL_DIR={model_dir}", "TRAIN_STEPS=50", "BATCH_SIZE=16",
         "train.phases=((0.8, {'inputs': 64, 'targets': 10}), (1.0, {'inputs': 128, "
         "'targets': 20}))", "train.log_every=10", "train.eval_every=50",

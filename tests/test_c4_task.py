@@ -6,7 +6,7 @@ import seqio
 
 import tasks  # noqa: F401  (registers the tasks)
 from t5x_like import input_pipeline
-from t5x_like.config import ConfigError
+from t5x_like.errors import ConfigError
 from tests.tiny_tfds import build_tiny_c4, with_offline_vocabulary
 
 

@@ -17,7 +17,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from t5x_like import logs, train_data
-from t5x_like.config import ConfigError
+from t5x_like.errors import ConfigError
 from tests.test_train import ROOT, TINY_RUN
 
 LENGTHS = {"inputs": 64, "targets": 16}

@@ -13,7 +13,7 @@ import seqio
 import tensorflow as tf
 
 from t5x_like import gpt_preprocessors as gp
-from t5x_like.config import ConfigError
+from t5x_like.errors import ConfigError
 from t5x_like.models import base
 from t5x_like.models.decoder_only import DecoderOnlyModel, GPTConfig
 from t5x_like.models.gpt_finetune import GPTClassifierModel, language_model_loss

@@ -116,7 +116,7 @@ def test_published_sizes_match_transformers(name, family):
     `openai-gpt` (116.5M) and `gpt2` (124.4M) models of the same configuration."""
     import os
 
-    from t5x_like.config import load_model_config
+    from t5x_like.gin_setup import load_model_config
     from t5x_like.models import t5
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

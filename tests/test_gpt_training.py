@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from t5x_like import config as config_lib
+from t5x_like import gin_setup
 from t5x_like import logs, train
 
 pytestmark = pytest.mark.slow  # training runs: .ci/run runs them after the default suite
@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run(tmp_path, task, lengths, steps, capsys):
-    config_lib.parse_gin([os.path.join(ROOT, "gin_configs/models/gpt/tiny.gin"),
+    gin_setup.parse_gin([os.path.join(ROOT, "gin_configs/models/gpt/tiny.gin"),
                           os.path.join(ROOT, "gin_configs/runs/quickstart.gin")], [
         f"MODEL_DIR={tmp_path / task}", f"TRAIN_STEPS={steps}", f"TASK={task}",
         "train.model_class=@DecoderOnlyModel", f"train.task_feature_lengths={lengths}",

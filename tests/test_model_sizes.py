@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from t5x_like.config import load_model_config
+from t5x_like.gin_setup import load_model_config
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
 from t5x_like.models.t5 import count_params
 

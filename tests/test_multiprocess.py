@@ -82,7 +82,7 @@ def test_two_process_training_run_logs_process_ids_and_one_writer(tmp_path):
 # jax.distributed.initialize replaced by a recorder.
 
 from t5x_like import distributed  # noqa: E402
-from t5x_like.config import ConfigError  # noqa: E402
+from t5x_like.errors import ConfigError  # noqa: E402
 from tests.fake_metadata_server import FakeMetadataServer  # noqa: E402
 
 LAUNCH_ENV = ("T5X_LIKE_COORDINATOR", "T5X_LIKE_NUM_PROCESSES", "T5X_LIKE_PROCESS_ID",

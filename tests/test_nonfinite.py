@@ -12,7 +12,7 @@ import optax
 import pytest
 
 from t5x_like import logs, partitioning, run_health, train, trainer
-from t5x_like.config import ConfigError
+from t5x_like.errors import ConfigError
 from t5x_like.models.t5 import T5Config
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
 from tests.test_train import TINY_RUN

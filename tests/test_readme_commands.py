@@ -7,7 +7,7 @@ and substituted) so a new or edited command is checked without touching this fil
 
 | README command | checked (default suite) | run for real |
 |---|---|---|
-| `python -m t5x_like.{train,eval,infer} ...` | module found; `cli.parse_args` accepts the arguments; every `--gin_file` exists; the files and `--gin.X=...` bindings parse with `config.parse_gin` (an unknown configurable or parameter fails); a macro binding (`--gin.TASK=...`) is used (`%TASK`) by the files | `--help` (`slow`); the Table 2 tiny run, 20 steps, MODEL_DIR moved to a temporary directory (`slow`) |
+| `python -m t5x_like.{train,eval,infer} ...` | module found; `cli.parse_args` accepts the arguments; every `--gin_file` exists; the files and `--gin.X=...` bindings parse with `gin_setup.parse_gin` (an unknown configurable or parameter fails); a macro binding (`--gin.TASK=...`) is used (`%TASK`) by the files | `--help` (`slow`); the Table 2 tiny run, 20 steps, MODEL_DIR moved to a temporary directory (`slow`) |
 | `python -m t5x_like.plan ...` | as above for its `--gin_file`s; its argparse parser accepts the arguments | both README plans as written (`slow`); `--help` (`slow`) |
 | `python -m t5x_like.{convert,report,data.c4_clean} ...`, `python -m benchmarks.* ...` | module found; every `--gin_file` exists; its argparse parser accepts the README's arguments (the parser is stopped before the program does any work) | `--help` (`slow`) |
 | `bash launch/{tpu_vm_*,gpu_run,local_run}.sh --config $E ...` | script and `--config` file exist; `bash -n` | with `--dry-run` (default suite); the trainer command that `local_run` / `gpu_run` print gets the gin checks above, and `local_run`'s `MODEL_DIR` must be local |
@@ -216,11 +216,11 @@ def check_gin(files: list[str], bindings: list[str], where: str) -> None:
     """The files and bindings parse as the trainer parses them; macro bindings are used."""
     import gin
 
-    from t5x_like import config as config_lib
+    from t5x_like import gin_setup
 
     gin.clear_config()
     try:
-        config_lib.parse_gin(files, bindings)
+        gin_setup.parse_gin(files, bindings)
     except (ValueError, SyntaxError) as e:
         pytest.fail(f"{where}\ngin rejects the files/bindings: {e}")
     used = "\n".join(gin_text(f) for f in files)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from t5x_like import optimizers, partitioning, trainer
-from t5x_like.config import ConfigError
+from t5x_like.errors import ConfigError
 from t5x_like.models import t5
 from t5x_like.models.encoder_decoder import EncoderDecoderModel, shift_right
 

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 from clu import metric_writers
 
-from t5x_like import config as config_lib
+from t5x_like import errors
 from t5x_like import evaluation, infer, report, storage, train
 
 
@@ -59,7 +59,7 @@ def test_model_dir_check_probes_a_remote_directory_without_rewriting_it(remote_d
 def test_unwritable_model_dir_is_a_config_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with pytest.raises(config_lib.ConfigError, match="not writable"):
+    with pytest.raises(errors.ConfigError, match="not writable"):
         train._check_model_dir(str(blocker / "run"))
 
 
@@ -80,7 +80,7 @@ def test_predictions_and_infer_inputs_on_a_remote_path(remote_dir):
     storage.write_text(prompts, '{"inputs": "ab"}\n\n{"inputs": "c"}\n')
     examples = list(infer.read_inputs(prompts, Chars(), inputs_length=8))
     assert [e["inputs"].tolist() for e in examples] == [[97, 98, 1], [99, 1]]
-    with pytest.raises(config_lib.ConfigError, match="does not exist"):
+    with pytest.raises(errors.ConfigError, match="does not exist"):
         list(infer.read_inputs(os.path.join(remote_dir, "missing.txt"), Chars(), 8))
 
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5x_like import config as config_lib
+from t5x_like import gin_setup
 from t5x_like import flops, train  # noqa: F401  (train registers its gin configurable)
 from t5x_like.models import t5
 from t5x_like.models.decoder_only import DecoderOnlyModel, GPTConfig
@@ -28,7 +28,7 @@ OBJECTIVES = ("denoising", "lm")
 def _model(name: str, *extra_files: str):
     """The model a Table 2 gin file (plus overrides) builds, and its task feature lengths."""
     gin.clear_config()
-    config_lib.parse_gin([os.path.join(TABLE2, f"{name}.gin"), *extra_files], [])
+    gin_setup.parse_gin([os.path.join(TABLE2, f"{name}.gin"), *extra_files], [])
     model_class = gin.query_parameter("train.model_class").scoped_configurable_fn
     lengths = gin.query_parameter("train.task_feature_lengths")
     lengths = {k: int(v.scoped_configurable_fn() if hasattr(v, "scoped_configurable_fn") else v)

@@ -10,8 +10,9 @@ import seqio
 
 import tasks  # noqa: F401  (registers the tasks)
 from t5x_like import input_pipeline
-from t5x_like.config import ConfigError
-from tasks import offline, text_files
+from t5x_like.errors import ConfigError
+from t5x_like.data import text_files
+from tasks import offline
 from tests.tiny_tfds import with_offline_vocabulary
 
 PROSE = ["The river carried the boats down to the sea every morning in spring.",
@@ -254,7 +255,8 @@ def test_document_limit_off_and_a_negative_limit_refused(tmp_path):
 _TOKENIZE_ONE_LONG_LINE = """
 import resource, sys
 import gin, tensorflow as tf
-from tasks import offline, text_files
+from t5x_like.data import text_files
+from tasks import offline
 gin.bind_parameter("text_files.max_document_chars", int(sys.argv[2]))
 vocabulary = offline.OfflineVocabulary()
 source = text_files.TextFileDataSource({"train": sys.argv[1]})

@@ -10,7 +10,7 @@ import gin
 import numpy as np
 import pytest
 
-from t5x_like import config as config_lib
+from t5x_like import gin_setup
 from t5x_like import logs, optimizers, train
 from tests.fake_metadata_server import FakeMetadataServer
 
@@ -34,7 +34,7 @@ def test_inverse_sqrt_schedule_values():
 
 def test_short_run_loss_falls_and_saves(tmp_path, capsys):
     model_dir = tmp_path / "run"
-    config_lib.parse_gin([os.path.join(ROOT, "gin_configs/runs/quickstart.gin")], TINY_RUN + [
+    gin_setup.parse_gin([os.path.join(ROOT, "gin_configs/runs/quickstart.gin")], TINY_RUN + [
         f"MODEL_DIR={model_dir}", "TRAIN_STEPS=40", "train.eval_every=40",
         "train.checkpoint_every=20"])
     train.train()
@@ -89,7 +89,7 @@ def test_killed_run_resumes_from_newest_checkpoint(tmp_path):
 def test_resume_with_another_model_is_refused(tmp_path, capsys):
     """(The first run trains with scanned layers, sharded over the simulated devices.)"""
     model_dir = tmp_path / "run"
-    config_lib.parse_gin(["gin_configs/runs/quickstart.gin"], TINY_RUN + [
+    gin_setup.parse_gin(["gin_configs/runs/quickstart.gin"], TINY_RUN + [
         f"MODEL_DIR={model_dir}", "TRAIN_STEPS=2", "train.eval_every=0",
         "train.num_predictions=0", "T5Config.scan_layers=True"])
     train.train()

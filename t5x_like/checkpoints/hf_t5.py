@@ -22,14 +22,11 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from t5x_like import logs
+from t5x_like.errors import CheckpointError
 from t5x_like.models.t5 import T5Config
 
 Tensor = np.ndarray
 Params = dict[str, Any]
-
-
-class CheckpointError(ValueError):
-    """A HuggingFace checkpoint that does not fit the model; the message names the tensor."""
 
 
 # ------------------------------------------------------------------------------ config

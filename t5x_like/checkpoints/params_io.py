@@ -117,7 +117,7 @@ def checkpoint_directory(path: str) -> str:
 
 def check_compatible(saved: T5Config, config: T5Config, where: str) -> None:
     """Refuse a checkpoint of another architecture or vocabulary before loading anything."""
-    from t5x_like.config import ConfigError
+    from t5x_like.errors import ConfigError
 
     if type(saved) is not type(config):
         raise ConfigError(f"The checkpoint in {where} is a {type(saved).__name__} model, not a "
@@ -144,7 +144,7 @@ def load_pretrained(path: str, config: Any, abstract_params: Params,
     try:
         saved = restore_config(directory, step)
     except FileNotFoundError as e:
-        from t5x_like.config import ConfigError
+        from t5x_like.errors import ConfigError
 
         raise ConfigError(f"No checkpoint in {directory}: give a run's MODEL_DIR or a "
                           "checkpoint directory (python -m t5x_like.convert writes one).") from e
@@ -199,7 +199,7 @@ def _saved_structure(directory: str, step: int | None) -> dict:
 
 def _graft(directory: str, step: int | None, saved_tree: dict, abstract_params: Params,
            fresh_params: Callable[[], Params]) -> Params:
-    from t5x_like.config import ConfigError
+    from t5x_like.errors import ConfigError
 
     shared = [k for k in abstract_params if k in saved_tree]
     if not shared:
@@ -227,7 +227,7 @@ def _saved_shapes(wanted: Params, saved: dict, directory: str) -> tuple[Params, 
     (replicated) to be grown by `_grow_rows`. Any other shape difference is refused."""
     import jax
 
-    from t5x_like.config import ConfigError
+    from t5x_like.errors import ConfigError
 
     grown: list[str] = []
 

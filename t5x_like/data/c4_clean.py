@@ -5,7 +5,7 @@
 
 Input: JSONL (optionally gzipped) with a `text` field per page (`url`, `timestamp` are kept),
 or plain `.txt` files holding one page each. Output: JSONL in C4's layout
-(`{"text", "url", "timestamp"}`), which `tasks/text_files.py` reads directly. Prints how many
+(`{"text", "url", "timestamp"}`), which `t5x_like/data/text_files.py` reads directly. Prints how many
 lines and pages each rule removed.
 
 Two rule sets, because the paper's prose and the code that built C4 (TensorFlow Datasets'

@@ -30,7 +30,7 @@ import gin
 import seqio
 import tensorflow as tf
 
-from t5x_like.config import ConfigError
+from t5x_like.errors import ConfigError
 
 JSON_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
 

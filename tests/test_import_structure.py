@@ -1,0 +1,131 @@
+"""The package's layering, read from the source with `ast` (nothing is imported):
+
+- module-level imports form no cycle, so every module can be imported on its own and a reader
+  can follow the dependencies one way;
+- `t5x_like.errors` imports nothing and `t5x_like.config` only `errors`: any module may raise a
+  user-facing error or check a setting without pulling in gin registration;
+- the library never imports the top-level `tasks` package (which registers tasks and depends on
+  the library), except `gin_setup`, the entry points' registration;
+- only entry points import `gin_setup`.
+
+The checks are proven to fail on a hand-built graph with a cycle (`test_a_cycle_is_found`).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ("t5x_like", "tasks", "benchmarks")
+ENTRY_POINTS = {"t5x_like.cli", "t5x_like.plan", "t5x_like.train", "t5x_like.eval",
+                "t5x_like.infer", "t5x_like.convert", "t5x_like.report"}
+
+
+def _modules() -> dict[str, str]:
+    """Module name -> path for every .py file of the project's packages."""
+    found = {}
+    for package in PACKAGES:
+        for directory, _, files in os.walk(os.path.join(ROOT, package)):
+            for name in files:
+                if name.endswith(".py"):
+                    path = os.path.join(directory, name)
+                    module = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+                    found[module.removesuffix(".__init__")] = path
+    return found
+
+
+def _imported(module: str, path: str, known: set[str], module_level_only: bool) -> set[str]:
+    """The project modules `module` imports: at module level (including under `if`/`try`),
+    or anywhere (functions too) when not `module_level_only`."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    is_package = path.endswith("__init__.py")
+    if module_level_only:
+        nodes = [n for top in tree.body
+                 for n in (ast.walk(top) if isinstance(top, (ast.If, ast.Try)) else [top])]
+    else:
+        nodes = list(ast.walk(tree))
+    names: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = module.split(".") if is_package else module.split(".")[:-1]
+                parts = parts[:len(parts) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                names.add(full if full in known else base)
+    resolved = set()
+    for name in names:  # `import a.b.c` depends on the deepest project module it names
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        if name and name != module:
+            resolved.add(name)
+    return resolved
+
+
+def _graph(module_level_only: bool = True) -> dict[str, set[str]]:
+    modules = _modules()
+    return {m: _imported(m, p, set(modules), module_level_only) for m, p in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as [a, b, ..., a], or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start)):
+            return cycle
+    return None
+
+
+def test_a_cycle_is_found():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_the_graph_sees_relative_and_package_imports():
+    graph = _graph()
+    assert "t5x_like.errors" in graph["t5x_like.config"]
+    assert "t5x_like.host_runtime" in graph["t5x_like"]  # `from t5x_like import host_runtime`
+
+
+def test_module_level_imports_form_no_cycle():
+    assert find_cycle(_graph()) is None
+
+
+def test_errors_and_config_are_leaves():
+    graph = _graph(module_level_only=False)
+    assert graph["t5x_like.errors"] == set()
+    # `t5x_like` itself is the package's __init__, which every submodule import runs anyway.
+    assert graph["t5x_like.config"] - {"t5x_like"} == {"t5x_like.errors"}
+
+
+def test_the_library_never_imports_tasks():
+    graph = _graph(module_level_only=False)
+    offenders = sorted(f"{m} -> {d}" for m, deps in graph.items() if m.startswith("t5x_like")
+                       and m != "t5x_like.gin_setup" for d in deps if d.split(".")[0] == "tasks")
+    assert offenders == []
+
+
+def test_only_entry_points_import_gin_setup():
+    graph = _graph(module_level_only=False)
+    importers = {m for m, deps in graph.items()
+                 if m.startswith("t5x_like") and "t5x_like.gin_setup" in deps}
+    assert importers <= ENTRY_POINTS, importers - ENTRY_POINTS
