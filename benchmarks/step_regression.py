@@ -45,10 +45,12 @@ def _interleave():
     return module
 
 
-def _worker(family_name: str, batch: int, inputs: int, targets: int,
-            bindings: list[str]) -> None:
-    """Runs inside a tree (its code on sys.path): compile the step, then serve one step per
-    request (`interleave.serve`)."""
+def build_standard_step(family_name: str, batch: int, inputs: int, targets: int,
+                        bindings: list[str]) -> tuple[Any, Any, Any, Any]:
+    """(compiled step, state, batch, rng) of the family's standard benchmark step, built with
+    the code of the tree on sys.path (this function only calls the trainer's public API, so an
+    older tree builds its own step). `step_program` compiles the same step to compare its
+    program between commits."""
     import jax
 
     importlib.import_module("t5x_like")  # its host settings first, as every entry point
@@ -58,7 +60,10 @@ def _worker(family_name: str, batch: int, inputs: int, targets: int,
     family = FAMILIES[family_name]
     cfg = family.benchmark_config
     if bindings:
-        from t5x_like.gin_setup import bind_over
+        try:
+            from t5x_like.gin_setup import bind_over
+        except ImportError:  # a base from before gin_setup held it
+            from t5x_like.config import bind_over
 
         cfg = bind_over(cfg, bindings)
     model = family.make_model(cfg, None)
@@ -79,6 +84,15 @@ def _worker(family_name: str, batch: int, inputs: int, targets: int,
     rng = jax.random.key(1)
     with layout.context():
         compiled = step.lower(state, data, rng).compile()
+    return compiled, state, data, rng
+
+
+def _worker(family_name: str, batch: int, inputs: int, targets: int,
+            bindings: list[str]) -> None:
+    """Runs inside a tree (its code on sys.path): compile the step, then serve one step per
+    request (`interleave.serve`)."""
+    compiled, state, data, rng = build_standard_step(family_name, batch, inputs, targets,
+                                                     bindings)
     holder = {"state": state}
 
     def one_step() -> None:
@@ -118,23 +132,29 @@ def verdict(ratios: list[float], tolerance: float) -> dict[str, Any]:
     return result
 
 
+def head_commit() -> str:
+    """This checkout's commit, with "+uncommitted" when tracked files differ from it: what the
+    "head" side of a comparison ran."""
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                cwd=ROOT, capture_output=True, text=True).stdout.strip())
+    return commit + ("+uncommitted" if dirty else "")
+
+
 def compare(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         base_commit = extract(args.base, tmp)
-        head_commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT,
-                                     capture_output=True, text=True).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                                    cwd=ROOT, capture_output=True, text=True).stdout.strip())
+        head = head_commit()
         base = _start_worker(tmp, args, "base")
-        head = _start_worker(ROOT, args, "head")
+        head_worker = _start_worker(ROOT, args, "head")
         try:
             base_times, head_times, ratios = _interleave().alternate(
-                base.step, head.step, args.rounds)  # ratio: head over base
+                base.step, head_worker.step, args.rounds)  # ratio: head over base
         finally:
             base.close()
-            head.close()
-    return {"base": args.base, "base_commit": base_commit,
-            "head_commit": head_commit + ("+uncommitted" if dirty else ""),
+            head_worker.close()
+    return {"base": args.base, "base_commit": base_commit, "head_commit": head,
             "rounds": args.rounds, "tolerance": args.tolerance, "bindings": args.bindings,
             "base_step_s_median": statistics.median(base_times),
             "head_step_s_median": statistics.median(head_times),
