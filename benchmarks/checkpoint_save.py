@@ -51,13 +51,15 @@ def measure(variant: str, saves: int) -> dict[str, Any]:
     model = family.make_model(cfg, None)
     optimizer = optimizers.t5_adafactor(optimizers.inverse_sqrt_schedule())
     mesh = partitioning.make_mesh(mesh_shape=(jax.device_count(), 1))
-    layout = trainer.make_layout(model, optimizer, mesh,
-                                 partitioning.logical_axis_rules("data_parallel"))
+    layout = trainer.make_layout(
+        model, optimizer, mesh, partitioning.logical_axis_rules("data_parallel")
+    )
     state = trainer.init_state(model, optimizer, jax.random.key(0), layout)
     checkpointer = trainer.Checkpointer(tempfile.mkdtemp(), keep=None)
     if variant == "orbax_default":  # undo t5x_like's registration: orbax's own handler
-        ocp.type_handlers.register_type_handler(jax.Array, ocp.type_handlers.ArrayHandler(),
-                                                override=True)
+        ocp.type_handlers.register_type_handler(
+            jax.Array, ocp.type_handlers.ArrayHandler(), override=True
+        )
     counter = _CompileCounter()
     logging.getLogger("jax").addHandler(counter)
     times, compiles = [], []
@@ -71,8 +73,14 @@ def measure(variant: str, saves: int) -> dict[str, Any]:
         times.append(time.perf_counter() - start)
         compiles.append(counter.count)
     leaves = jax.tree_util.tree_leaves(state)
-    return {"variant": variant, "devices": jax.device_count(), "arrays": len(leaves),
-            "bytes": sum(x.nbytes for x in leaves), "save_s": times, "compiles": compiles}
+    return {
+        "variant": variant,
+        "devices": jax.device_count(),
+        "arrays": len(leaves),
+        "bytes": sum(x.nbytes for x in leaves),
+        "save_s": times,
+        "compiles": compiles,
+    }
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
@@ -85,20 +93,39 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if args.variant:
         print(json.dumps(measure(args.variant, args.saves)))
         return []
-    env = {**os.environ, "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") +
-                                       f" --xla_force_host_platform_device_count={args.devices}")}
+    env = {
+        **os.environ,
+        "XLA_FLAGS": (
+            os.environ.get("XLA_FLAGS", "")
+            + f" --xla_force_host_platform_device_count={args.devices}"
+        ),
+    }
     results = []
     for variant in VARIANTS:
-        out = subprocess.run([sys.executable, "-m", "benchmarks.checkpoint_save",
-                              "--variant", variant, "--saves", str(args.saves)],
-                             env=env, check=True, capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.checkpoint_save",
+                "--variant",
+                variant,
+                "--saves",
+                str(args.saves),
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         results.append(json.loads(out.strip().splitlines()[-1]))
     print("| handler | devices | arrays | MiB | save s (first, later...) | XLA compiles |")
     print("|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['variant']} | {r['devices']} | {r['arrays']} | {r['bytes'] / 2**20:,.0f} | "
-              f"{', '.join(f'{t:.2f}' for t in r['save_s'])} | "
-              f"{', '.join(map(str, r['compiles']))} |")
+        print(
+            f"| {r['variant']} | {r['devices']} | {r['arrays']} | {r['bytes'] / 2**20:,.0f} | "
+            f"{', '.join(f'{t:.2f}' for t in r['save_s'])} | "
+            f"{', '.join(map(str, r['compiles']))} |"
+        )
     results_io.write_json(args.out, results)
     return results
 

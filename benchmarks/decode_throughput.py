@@ -41,11 +41,19 @@ def _inputs(vocab_size: int, batch: int, length: int) -> np.ndarray:
     return np.random.default_rng(batch).integers(2, vocab_size, (batch, length)).astype(np.int32)
 
 
-def time_ours(model: EncoderDecoderModel, params: Any, inputs: np.ndarray, method: str,
-              beam_size: int, new_tokens: int, repeats: int) -> dict[str, Any]:
+def time_ours(
+    model: EncoderDecoderModel,
+    params: Any,
+    inputs: np.ndarray,
+    method: str,
+    beam_size: int,
+    new_tokens: int,
+    repeats: int,
+) -> dict[str, Any]:
     config = decoding.DecodeConfig(method=method, beam_size=beam_size)
-    decode = jax.jit(lambda p, x: model.predict_batch(
-        p, {"encoder_input_tokens": x}, new_tokens, decode=config))
+    decode = jax.jit(
+        lambda p, x: model.predict_batch(p, {"encoder_input_tokens": x}, new_tokens, decode=config)
+    )
     start = time.perf_counter()
     compiled = decode.lower(params, inputs).compile()
     compile_s = time.perf_counter() - start
@@ -72,18 +80,25 @@ def load_hf(params: Any, cfg, threads: int):
     return model.eval()
 
 
-def time_hf(model, inputs: np.ndarray, method: str, beam_size: int, new_tokens: int,
-            repeats: int) -> dict[str, Any]:
+def time_hf(
+    model, inputs: np.ndarray, method: str, beam_size: int, new_tokens: int, repeats: int
+) -> dict[str, Any]:
     import torch
 
     input_ids = torch.from_numpy(inputs.astype(np.int64))
-    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                  num_beams=beam_size if method == "beam" else 1, use_cache=True)
+    kwargs = dict(
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        num_beams=beam_size if method == "beam" else 1,
+        use_cache=True,
+    )
 
     def generate():
         with torch.inference_mode():
-            return model.generate(input_ids=input_ids,
-                                  attention_mask=torch.ones_like(input_ids), **kwargs)
+            return model.generate(
+                input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **kwargs
+            )
 
     out = generate()  # warm-up
     times = []
@@ -95,8 +110,16 @@ def time_hf(model, inputs: np.ndarray, method: str, beam_size: int, new_tokens: 
     return {"seconds": statistics.median(times), "tokens": out[:, 1:].numpy()}
 
 
-def run(cfg, batch_sizes: list[int], methods: list[str], beam_size: int, input_len: int,
-        new_tokens: int, repeats: int, compare_hf: bool) -> list[dict[str, Any]]:
+def run(
+    cfg,
+    batch_sizes: list[int],
+    methods: list[str],
+    beam_size: int,
+    input_len: int,
+    new_tokens: int,
+    repeats: int,
+    compare_hf: bool,
+) -> list[dict[str, Any]]:
     model = EncoderDecoderModel(cfg, eos_id=NEVER_EMITTED)
     params = unbox(jax.jit(lambda k: model.init(k))(jax.random.key(0)))
     hf_model = load_hf(params, cfg, os.cpu_count() or 1) if compare_hf else None
@@ -106,14 +129,23 @@ def run(cfg, batch_sizes: list[int], methods: list[str], beam_size: int, input_l
         for method in methods:
             ours = time_ours(model, params, inputs, method, beam_size, new_tokens, repeats)
             generated = batch * new_tokens
-            row = {"method": method, "beam_size": beam_size if method == "beam" else 1,
-                   "batch": batch, "inputs": input_len, "new_tokens": new_tokens,
-                   "compile_s": ours["compile_s"], "seconds": ours["seconds"],
-                   "tokens_per_s": generated / ours["seconds"]}
+            row = {
+                "method": method,
+                "beam_size": beam_size if method == "beam" else 1,
+                "batch": batch,
+                "inputs": input_len,
+                "new_tokens": new_tokens,
+                "compile_s": ours["compile_s"],
+                "seconds": ours["seconds"],
+                "tokens_per_s": generated / ours["seconds"],
+            }
             if hf_model is not None:
                 hf = time_hf(hf_model, inputs, method, beam_size, new_tokens, repeats)
-                row.update(hf_seconds=hf["seconds"], hf_tokens_per_s=generated / hf["seconds"],
-                           speedup=hf["seconds"] / ours["seconds"])
+                row.update(
+                    hf_seconds=hf["seconds"],
+                    hf_tokens_per_s=generated / hf["seconds"],
+                    speedup=hf["seconds"] / ours["seconds"],
+                )
                 if method == "greedy":
                     row["same_tokens"] = float(np.mean(hf["tokens"] == ours["tokens"]))
             rows.append(row)
@@ -123,11 +155,15 @@ def run(cfg, batch_sizes: list[int], methods: list[str], beam_size: int, input_l
 
 def print_row(row: dict[str, Any]) -> None:
     method = f"{row['method']}" + (f" (k={row['beam_size']})" if row["method"] == "beam" else "")
-    line = (f"{method:<14} batch {row['batch']:>3}  compile {row['compile_s']:6.1f} s  "
-            f"{row['seconds']:7.3f} s  {row['tokens_per_s']:9,.0f} tok/s")
+    line = (
+        f"{method:<14} batch {row['batch']:>3}  compile {row['compile_s']:6.1f} s  "
+        f"{row['seconds']:7.3f} s  {row['tokens_per_s']:9,.0f} tok/s"
+    )
     if "hf_seconds" in row:
-        line += (f"   HF {row['hf_seconds']:7.3f} s  {row['hf_tokens_per_s']:9,.0f} tok/s  "
-                 f"x{row['speedup']:.2f}")
+        line += (
+            f"   HF {row['hf_seconds']:7.3f} s  {row['hf_tokens_per_s']:9,.0f} tok/s  "
+            f"x{row['speedup']:.2f}"
+        )
         if "same_tokens" in row:
             line += f"  same tokens {row['same_tokens']:.0%}"
     print(line, flush=True)
@@ -135,27 +171,55 @@ def print_row(row: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gin_file", action="append", default=[],
-                        help="model gin file(s) instead of the benchmark config")
-    parser.add_argument("--gin", action="append", default=[], dest="bindings",
-                        help="extra gin binding, e.g. --gin T5Config.num_decoder_layers=2")
+    parser.add_argument(
+        "--gin_file",
+        action="append",
+        default=[],
+        help="model gin file(s) instead of the benchmark config",
+    )
+    parser.add_argument(
+        "--gin",
+        action="append",
+        default=[],
+        dest="bindings",
+        help="extra gin binding, e.g. --gin T5Config.num_decoder_layers=2",
+    )
     parser.add_argument("--batch_sizes", default="1,32")
     parser.add_argument("--methods", default="greedy,beam")
     parser.add_argument("--beam_size", type=int, default=4)
     parser.add_argument("--inputs", type=int, default=128)
     parser.add_argument("--new_tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--compare-hf", dest="compare_hf", action="store_true",
-                        help="also time transformers' generate on the same weights (test extra)")
+    parser.add_argument(
+        "--compare-hf",
+        dest="compare_hf",
+        action="store_true",
+        help="also time transformers' generate on the same weights (test extra)",
+    )
     parser.add_argument("--out", default="benchmarks/results/decode_throughput.json")
     args = parser.parse_args(argv)
-    cfg = (load_model_config(args.gin_file, args.bindings)
-           if args.gin_file or args.bindings else BENCHMARK_CONFIG)
-    rows = run(cfg, [int(b) for b in args.batch_sizes.split(",")], args.methods.split(","),
-               args.beam_size, args.inputs, args.new_tokens, args.repeats, args.compare_hf)
-    result = {"rows": rows, "config": cfg.to_json(),
-              "device": str(jax.devices()[0].device_kind), "jax": jax.__version__,
-              "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    cfg = (
+        load_model_config(args.gin_file, args.bindings)
+        if args.gin_file or args.bindings
+        else BENCHMARK_CONFIG
+    )
+    rows = run(
+        cfg,
+        [int(b) for b in args.batch_sizes.split(",")],
+        args.methods.split(","),
+        args.beam_size,
+        args.inputs,
+        args.new_tokens,
+        args.repeats,
+        args.compare_hf,
+    )
+    result = {
+        "rows": rows,
+        "config": cfg.to_json(),
+        "device": str(jax.devices()[0].device_kind),
+        "jax": jax.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     results_io.write_json(args.out, result)
     return rows
 

@@ -42,8 +42,11 @@ class Family:
 
     def make_optimizer(self) -> tuple[Any, Any]:
         """(learning-rate schedule, optimizer) of the family's recipe, gin defaults."""
-        lr = (optimizers.inverse_sqrt_schedule() if self.optimizer == "adafactor"
-              else optimizers.bert_learning_rate())
+        lr = (
+            optimizers.inverse_sqrt_schedule()
+            if self.optimizer == "adafactor"
+            else optimizers.bert_learning_rate()
+        )
         return lr, optimizers.make_optimizer(self.optimizer, lr)
 
 
@@ -58,13 +61,15 @@ def t5_batch(cfg: T5Config, batch: int, inputs: int, targets: int) -> dict[str, 
         "encoder_input_tokens": _ids(rng, cfg.vocab_size, (batch, inputs)),
         "decoder_target_tokens": tgt,
         "decoder_input_tokens": np.concatenate(
-            [np.zeros((batch, 1), np.int32), tgt[:, :-1]], axis=1),
+            [np.zeros((batch, 1), np.int32), tgt[:, :-1]], axis=1
+        ),
         "decoder_loss_weights": np.ones((batch, targets), np.float32),
     }
 
 
-def decoder_only_batch(cfg: GPTConfig, batch: int, inputs: int,
-                       targets: int) -> dict[str, np.ndarray]:
+def decoder_only_batch(
+    cfg: GPTConfig, batch: int, inputs: int, targets: int
+) -> dict[str, np.ndarray]:
     """One unpacked row of inputs+targets per example, loss on every position."""
     length = inputs + targets
     rng = np.random.default_rng(0)
@@ -72,7 +77,8 @@ def decoder_only_batch(cfg: GPTConfig, batch: int, inputs: int,
     return {
         "decoder_target_tokens": tgt,
         "decoder_input_tokens": np.concatenate(
-            [np.zeros((batch, 1), np.int32), tgt[:, :-1]], axis=1),
+            [np.zeros((batch, 1), np.int32), tgt[:, :-1]], axis=1
+        ),
         "decoder_loss_weights": np.ones((batch, length), np.float32),
     }
 
@@ -80,8 +86,10 @@ def decoder_only_batch(cfg: GPTConfig, batch: int, inputs: int,
 def bert_batch(cfg: BertConfig, batch: int, inputs: int, targets: int) -> dict[str, np.ndarray]:
     """Sentence pairs of `inputs` tokens with `targets` masked positions each."""
     rng = np.random.default_rng(0)
-    positions = np.sort(np.stack([rng.choice(np.arange(1, inputs), targets, replace=False)
-                                  for _ in range(batch)]), axis=1).astype(np.int32)
+    positions = np.sort(
+        np.stack([rng.choice(np.arange(1, inputs), targets, replace=False) for _ in range(batch)]),
+        axis=1,
+    ).astype(np.int32)
     return {
         "input_ids": _ids(rng, cfg.vocab_size, (batch, inputs)),
         "segment_ids": (np.arange(inputs) >= inputs // 2).astype(np.int32)[None].repeat(batch, 0),
@@ -102,8 +110,9 @@ def _t5_model(cfg: T5Config, loss_chunk_length: int | None):
 def _decoder_only_model(cfg: GPTConfig, loss_chunk_length: int | None):
     from t5x_like.models.decoder_only import DecoderOnlyModel
 
-    return DecoderOnlyModel(cfg, attention="causal", loss_on_targets_only=False,
-                            loss_chunk_length=loss_chunk_length)
+    return DecoderOnlyModel(
+        cfg, attention="causal", loss_on_targets_only=False, loss_chunk_length=loss_chunk_length
+    )
 
 
 def _bert_model(cfg: BertConfig, loss_chunk_length: int | None):
@@ -117,26 +126,62 @@ def _bert_model(cfg: BertConfig, loss_chunk_length: int | None):
 FAMILIES: dict[str, Family] = {
     "t5": Family(
         T5Config,
-        T5Config(vocab_size=32128, emb_dim=256, num_heads=4, head_dim=64, mlp_dim=1024,
-                 num_encoder_layers=4, num_decoder_layers=4, mlp_activations=("gelu", "linear"),
-                 dropout_rate=0.0, logits_via_embedding=False),
-        _t5_model, t5_batch,
+        T5Config(
+            vocab_size=32128,
+            emb_dim=256,
+            num_heads=4,
+            head_dim=64,
+            mlp_dim=1024,
+            num_encoder_layers=4,
+            num_decoder_layers=4,
+            mlp_activations=("gelu", "linear"),
+            dropout_rate=0.0,
+            logits_via_embedding=False,
+        ),
+        _t5_model,
+        t5_batch,
         lambda inputs, targets: {"inputs": inputs, "targets": targets},
-        lambda inputs, targets: inputs + targets, hf_t5.hf_config),
+        lambda inputs, targets: inputs + targets,
+        hf_t5.hf_config,
+    ),
     "decoder_only": Family(
         GPTConfig,
-        GPTConfig(vocab_size=32128, max_position_embeddings=2048, hidden_size=256,
-                  num_layers=8, num_heads=4, intermediate_size=1024, dropout_rate=0.0,
-                  attention_dropout_rate=0.0, pre_layer_norm=True, activation="gelu"),
-        _decoder_only_model, decoder_only_batch,
+        GPTConfig(
+            vocab_size=32128,
+            max_position_embeddings=2048,
+            hidden_size=256,
+            num_layers=8,
+            num_heads=4,
+            intermediate_size=1024,
+            dropout_rate=0.0,
+            attention_dropout_rate=0.0,
+            pre_layer_norm=True,
+            activation="gelu",
+        ),
+        _decoder_only_model,
+        decoder_only_batch,
         lambda inputs, targets: {"inputs": inputs, "targets": targets},
-        lambda inputs, targets: inputs + targets, hf_gpt.hf_config, optimizer="adamw"),
+        lambda inputs, targets: inputs + targets,
+        hf_gpt.hf_config,
+        optimizer="adamw",
+    ),
     "bert": Family(
         BertConfig,
-        BertConfig(vocab_size=32128, hidden_size=256, num_layers=4, num_heads=4,
-                   intermediate_size=1024, max_position_embeddings=512, dropout_rate=0.0,
-                   attention_dropout_rate=0.0),
-        _bert_model, bert_batch,
+        BertConfig(
+            vocab_size=32128,
+            hidden_size=256,
+            num_layers=4,
+            num_heads=4,
+            intermediate_size=1024,
+            max_position_embeddings=512,
+            dropout_rate=0.0,
+            attention_dropout_rate=0.0,
+        ),
+        _bert_model,
+        bert_batch,
         lambda inputs, targets: {"inputs": inputs, "targets": targets},
-        lambda inputs, targets: inputs, hf_bert.hf_config, optimizer="adamw"),
+        lambda inputs, targets: inputs,
+        hf_bert.hf_config,
+        optimizer="adamw",
+    ),
 }

@@ -1,6 +1,6 @@
 """The table and JSON of `benchmarks/gpu_check.sh`: each measured step against its target.
 
-    python -m benchmarks.gpu_summary OUT_DIR      (reads OUT_DIR/*.json, writes OUT_DIR/gpu_check.json)
+python -m benchmarks.gpu_summary OUT_DIR      (reads OUT_DIR/*.json, writes OUT_DIR/gpu_check.json)
 """
 
 from __future__ import annotations
@@ -28,12 +28,19 @@ def summarise(out_dir: str) -> dict[str, Any]:
             continue
         with open(path) as f:
             r = json.load(f)
-        rows[name] = {"what": what, "target_mfu": target, "measured": True,
-                      "params": r["params"], "step_s": r["step_s_median"],
-                      "tokens_per_s": r["tokens_per_s"], "mfu": r["mfu"],
-                      "compile_s": r["compile_s"], "device_peak_bytes": r["device_peak_bytes"],
-                      "device": r["device"],
-                      "met": None if target is None else r["mfu"] >= target}
+        rows[name] = {
+            "what": what,
+            "target_mfu": target,
+            "measured": True,
+            "params": r["params"],
+            "step_s": r["step_s_median"],
+            "tokens_per_s": r["tokens_per_s"],
+            "mfu": r["mfu"],
+            "compile_s": r["compile_s"],
+            "device_peak_bytes": r["device_peak_bytes"],
+            "device": r["device"],
+            "met": None if target is None else r["mfu"] >= target,
+        }
     decode_path = os.path.join(out_dir, "decode.json")
     if os.path.exists(decode_path):
         with open(decode_path) as f:
@@ -42,8 +49,9 @@ def summarise(out_dir: str) -> dict[str, Any]:
 
 
 def print_table(rows: dict[str, Any]) -> None:
-    print(f"\n{'check':<40} {'params':>14} {'step':>9} {'tokens/s':>12} {'MFU':>7} "
-          f"{'target':>7}  met")
+    print(
+        f"\n{'check':<40} {'params':>14} {'step':>9} {'tokens/s':>12} {'MFU':>7} {'target':>7}  met"
+    )
     for name, (what, _) in CHECKS.items():
         r = rows[name]
         if not r["measured"]:
@@ -51,8 +59,10 @@ def print_table(rows: dict[str, Any]) -> None:
             continue
         target = "-" if r["target_mfu"] is None else f"{r['target_mfu']:.0%}"
         met = "-" if r["met"] is None else ("yes" if r["met"] else "NO")
-        print(f"{what:<40} {r['params']:>14,} {r['step_s'] * 1e3:>7.1f}ms "
-              f"{r['tokens_per_s']:>12,.0f} {r['mfu']:>7.1%} {target:>7}  {met}")
+        print(
+            f"{what:<40} {r['params']:>14,} {r['step_s'] * 1e3:>7.1f}ms "
+            f"{r['tokens_per_s']:>12,.0f} {r['mfu']:>7.1%} {target:>7}  {met}"
+        )
     for d in rows.get("decode", []):
         print(f"decode {d['method']:<7} batch {d['batch']:>3}: {d['tokens_per_s']:,.0f} tokens/s")
 

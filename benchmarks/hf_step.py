@@ -48,7 +48,8 @@ def _model(hf_config: dict[str, Any]):
     if config["model_type"] in ("gpt2", "openai-gpt"):  # no GPT-2 special ids in a small vocab
         config.update(bos_token_id=None, eos_token_id=None)
     model = getattr(transformers, architecture)(
-        transformers.AutoConfig.for_model(config.pop("model_type"), **config))
+        transformers.AutoConfig.for_model(config.pop("model_type"), **config)
+    )
     if architecture == "T5ForConditionalGeneration" and not config["tie_word_embeddings"]:
         # transformers 5 ties lm_head to the input embedding of a new model regardless
         model.lm_head = torch.nn.Linear(config["d_model"], config["vocab_size"], bias=False)
@@ -64,38 +65,45 @@ def _adamw(model):
         return name.endswith("bias") or "LayerNorm" in name or ".ln_" in name
 
     named = list(model.named_parameters())
-    groups = [{"params": [p for n, p in named if not no_decay(n)]},
-              {"params": [p for n, p in named if no_decay(n)], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for n, p in named if not no_decay(n)]},
+        {"params": [p for n, p in named if no_decay(n)], "weight_decay": 0.0},
+    ]
     return torch.optim.AdamW(groups, **ADAMW)
 
 
-def _batch(model_type: str, vocab_size: int, batch: int, inputs: int, targets: int,
-           generator) -> tuple[dict[str, Any], int]:
+def _batch(
+    model_type: str, vocab_size: int, batch: int, inputs: int, targets: int, generator
+) -> tuple[dict[str, Any], int]:
     """(fixed random model inputs with labels, tokens the model reads per step) in the layout
     of `benchmarks.families`' batches."""
     import torch
 
     ids = lambda *shape: torch.randint(2, vocab_size, shape, generator=generator)  # noqa: E731
     if model_type == "t5":
-        return {"input_ids": ids(batch, inputs), "labels": ids(batch, targets)}, \
-            batch * (inputs + targets)
+        return {"input_ids": ids(batch, inputs), "labels": ids(batch, targets)}, batch * (
+            inputs + targets
+        )
     if model_type == "bert":
         labels = torch.full((batch, inputs), -100)
         for row in range(batch):
             positions = 1 + torch.randperm(inputs - 1, generator=generator)[:targets]
             labels[row, positions] = ids(targets)
         segments = (torch.arange(inputs) >= inputs // 2).long().expand(batch, inputs)
-        return {"input_ids": ids(batch, inputs), "token_type_ids": segments,
-                "attention_mask": torch.ones(batch, inputs, dtype=torch.long),
-                "labels": labels,
-                "next_sentence_label": torch.randint(0, 2, (batch,), generator=generator)}, \
-            batch * inputs
+        return {
+            "input_ids": ids(batch, inputs),
+            "token_type_ids": segments,
+            "attention_mask": torch.ones(batch, inputs, dtype=torch.long),
+            "labels": labels,
+            "next_sentence_label": torch.randint(0, 2, (batch,), generator=generator),
+        }, batch * inputs
     tokens = ids(batch, inputs + targets)  # decoder-only: loss at every position
     return {"input_ids": tokens, "labels": tokens}, batch * (inputs + targets)
 
 
-def make_step(hf_config: dict[str, Any], batch: int, inputs: int, targets: int,
-              threads: int) -> tuple[Callable[[], float], dict[str, Any]]:
+def make_step(
+    hf_config: dict[str, Any], batch: int, inputs: int, targets: int, threads: int
+) -> tuple[Callable[[], float], dict[str, Any]]:
     """One HF training step on fixed random tokens (returns the loss), after one warm-up step
     (allocations, optimizer state), and what describes the run."""
     import torch
@@ -107,12 +115,19 @@ def make_step(hf_config: dict[str, Any], batch: int, inputs: int, targets: int,
     model = _model(hf_config)
     model_type = hf_config["model_type"]
     if model_type == "t5":
-        optimizer = Adafactor(model.parameters(), lr=None, scale_parameter=True,
-                              relative_step=True, warmup_init=False)
+        optimizer = Adafactor(
+            model.parameters(), lr=None, scale_parameter=True, relative_step=True, warmup_init=False
+        )
     else:
         optimizer = _adamw(model)
-    features, tokens = _batch(model_type, hf_config["vocab_size"], batch, inputs, targets,
-                              torch.Generator().manual_seed(0))
+    features, tokens = _batch(
+        model_type,
+        hf_config["vocab_size"],
+        batch,
+        inputs,
+        targets,
+        torch.Generator().manual_seed(0),
+    )
 
     def step() -> float:
         loss = model(**features).loss
@@ -124,15 +139,21 @@ def make_step(hf_config: dict[str, Any], batch: int, inputs: int, targets: int,
         return float(loss.detach())  # (float() of a tensor that needs grad warns)
 
     step()
-    info = {"model": type(model).__name__, "optimizer": type(optimizer).__name__,
-            "threads": threads, "torch": torch.__version__,
-            "transformers": transformers.__version__, "tokens_per_step": tokens,
-            "params": sum(p.numel() for p in model.parameters())}
+    info = {
+        "model": type(model).__name__,
+        "optimizer": type(optimizer).__name__,
+        "threads": threads,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "tokens_per_step": tokens,
+        "params": sum(p.numel() for p in model.parameters()),
+    }
     return step, info
 
 
-def run(hf_config: dict[str, Any], batch: int, inputs: int, targets: int, steps: int,
-        threads: int) -> dict[str, Any]:
+def run(
+    hf_config: dict[str, Any], batch: int, inputs: int, targets: int, steps: int, threads: int
+) -> dict[str, Any]:
     """`steps` steps one after the other: their median."""
     step, info = make_step(hf_config, batch, inputs, targets, threads)
     times = []
@@ -141,19 +162,28 @@ def run(hf_config: dict[str, Any], batch: int, inputs: int, targets: int, steps:
         loss = step()
         times.append(time.perf_counter() - start)
     step_s = statistics.median(times)
-    return {"step_s_median": step_s, "tokens_per_s": info["tokens_per_step"] / step_s,
-            "final_loss": loss, **info, "host_max_rss_bytes": peak_rss_bytes()}
+    return {
+        "step_s_median": step_s,
+        "tokens_per_s": info["tokens_per_step"] / step_s,
+        "final_loss": loss,
+        **info,
+        "host_max_rss_bytes": peak_rss_bytes(),
+    }
 
 
-def serve(hf_config: dict[str, Any], batch: int, inputs: int, targets: int,
-          threads: int) -> dict[str, Any]:
+def serve(
+    hf_config: dict[str, Any], batch: int, inputs: int, targets: int, threads: int
+) -> dict[str, Any]:
     """Steps on request (`interleave.serve`), for a run that alternates them with ours; the
     step times are the requester's to keep."""
     step, info = make_step(hf_config, batch, inputs, targets, threads)
     losses = []
     interleave.serve(interleave.timed(lambda: losses.append(step())))
-    return {"final_loss": losses[-1] if losses else None, **info,
-            "host_max_rss_bytes": peak_rss_bytes()}
+    return {
+        "final_loss": losses[-1] if losses else None,
+        **info,
+        "host_max_rss_bytes": peak_rss_bytes(),
+    }
 
 
 def peak_rss_bytes() -> int:
@@ -168,24 +198,27 @@ def peak_rss_bytes() -> int:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--hf_config", required=True,
-                        help="the model's HuggingFace config.json, as JSON text")
+    parser.add_argument(
+        "--hf_config", required=True, help="the model's HuggingFace config.json, as JSON text"
+    )
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--inputs", type=int, default=512)
     parser.add_argument("--targets", type=int, default=128)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--serve", action="store_true",
-                        help="time nothing: run one step per 'step' line on stdin and answer "
-                             "with its seconds (benchmarks.interleave); --steps is unused")
+    parser.add_argument(
+        "--serve",
+        action="store_true",
+        help="time nothing: run one step per 'step' line on stdin and answer "
+        "with its seconds (benchmarks.interleave); --steps is unused",
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     hf_config = json.loads(args.hf_config)
     if args.serve:
         result = serve(hf_config, args.batch, args.inputs, args.targets, args.threads)
     else:
-        result = run(hf_config, args.batch, args.inputs, args.targets, args.steps,
-                     args.threads)
+        result = run(hf_config, args.batch, args.inputs, args.targets, args.steps, args.threads)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
     return result

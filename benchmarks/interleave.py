@@ -46,11 +46,18 @@ def serve(step: Step, about: str = "") -> None:
 class StepServer:
     """A worker process started with `command` that answers as `serve` does."""
 
-    def __init__(self, command: list[str], *, cwd: str | None = None,
-                 env: dict[str, str] | None = None, name: str = "worker"):
+    def __init__(
+        self,
+        command: list[str],
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        name: str = "worker",
+    ):
         self.name = name
-        self.proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            command, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         self._ready = False
         self.about = ""  # what the worker said after 'ready'
 
@@ -64,9 +71,11 @@ class StepServer:
                 except subprocess.TimeoutExpired:  # it said something else and went on
                     self.proc.kill()
                     code = self.proc.wait()
-                raise SystemExit(f"The {self.name} process failed to start (its output is "
-                                 f"above; exit code {code}).")
-            self.about = line[len("ready"):].strip()
+                raise SystemExit(
+                    f"The {self.name} process failed to start (its output is "
+                    f"above; exit code {code})."
+                )
+            self.about = line[len("ready") :].strip()
             self._ready = True
 
     def step(self) -> float:
@@ -88,10 +97,12 @@ def alternate(a: Step, b: Step, rounds: int) -> tuple[list[float], list[float], 
     times: dict[str, list[float]] = {"a": [], "b": []}
     steps = {"a": a, "b": b}
     for r in range(rounds):
-        for name in (("a", "b", "b", "a") if r % 2 == 0 else ("b", "a", "a", "b")):
+        for name in ("a", "b", "b", "a") if r % 2 == 0 else ("b", "a", "a", "b"):
             times[name].append(steps[name]())
-    ratios = [(times["b"][2 * r] + times["b"][2 * r + 1])
-              / (times["a"][2 * r] + times["a"][2 * r + 1]) for r in range(rounds)]
+    ratios = [
+        (times["b"][2 * r] + times["b"][2 * r + 1]) / (times["a"][2 * r] + times["a"][2 * r + 1])
+        for r in range(rounds)
+    ]
     return times["a"], times["b"], ratios
 
 

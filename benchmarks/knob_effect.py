@@ -35,13 +35,30 @@ def _fused_attention(config_class: str) -> str:
 # rematerialisation and the scanned stack, and the chunked loss (T5 and GPT: BERT predicts only
 # its masked positions).
 DEFAULT_KNOBS = {
-    "t5": ("--dtype bfloat16", _fused_attention("T5Config"), "--loss_chunk_length 32",
-           "--remat_policy full", "--remat_policy save_qkv_proj", "--scan_layers",
-           "--scan_layers --remat_policy dots"),
-    "decoder_only": ("--dtype bfloat16", _fused_attention("GPTConfig"), "--loss_chunk_length 32",
-                     "--remat_policy full", "--scan_layers", "--scan_layers --remat_policy dots"),
-    "bert": ("--dtype bfloat16", _fused_attention("BertConfig"), "--remat_policy full",
-             "--scan_layers", "--scan_layers --remat_policy dots"),
+    "t5": (
+        "--dtype bfloat16",
+        _fused_attention("T5Config"),
+        "--loss_chunk_length 32",
+        "--remat_policy full",
+        "--remat_policy save_qkv_proj",
+        "--scan_layers",
+        "--scan_layers --remat_policy dots",
+    ),
+    "decoder_only": (
+        "--dtype bfloat16",
+        _fused_attention("GPTConfig"),
+        "--loss_chunk_length 32",
+        "--remat_policy full",
+        "--scan_layers",
+        "--scan_layers --remat_policy dots",
+    ),
+    "bert": (
+        "--dtype bfloat16",
+        _fused_attention("BertConfig"),
+        "--remat_policy full",
+        "--scan_layers",
+        "--scan_layers --remat_policy dots",
+    ),
 }
 
 
@@ -60,9 +77,11 @@ def check_step_arguments(argv: list[str]) -> None:
     try:
         args = step_parser().parse_args(argv)
     except SystemExit:
-        raise SystemExit(f"knob_effect: {shlex.join(argv)!r} is not a step the benchmark can "
-                         f"build (see the error above; `python -m benchmarks.train_throughput "
-                         f"--help` lists the options).") from None
+        raise SystemExit(
+            f"knob_effect: {shlex.join(argv)!r} is not a step the benchmark can "
+            f"build (see the error above; `python -m benchmarks.train_throughput "
+            f"--help` lists the options)."
+        ) from None
     try:
         train_throughput.model_config(args)
     except (ValueError, TypeError) as error:
@@ -74,32 +93,44 @@ def _worker(argv: list[str]) -> None:
     say what it measured, then serve one step per request (`interleave.serve`)."""
     args = step_parser().parse_args(argv)
     cfg = train_throughput.model_config(args)
-    built = train_throughput.build_step(cfg, args.batch, args.inputs, args.targets,
-                                        loss_chunk_length=args.loss_chunk_length)
+    built = train_throughput.build_step(
+        cfg, args.batch, args.inputs, args.targets, loss_chunk_length=args.loss_chunk_length
+    )
     start = time.perf_counter()
     compiled = built.compile()
     compile_s = time.perf_counter() - start
     one_step = train_throughput.SteppedState(built, compiled)
     first_loss = float(one_step()["loss"])  # also the warm-up
-    about = {"compile_s": compile_s, "xla_step_bytes": train_throughput.xla_step_bytes(compiled),
-             "first_loss": first_loss}
+    about = {
+        "compile_s": compile_s,
+        "xla_step_bytes": train_throughput.xla_step_bytes(compiled),
+        "first_loss": first_loss,
+    }
     interleave.serve(interleave.timed(one_step), about=json.dumps(about))
 
 
 def _start_worker(argv: list[str], name: str) -> interleave.StepServer:
-    return interleave.StepServer([sys.executable, "-m", "benchmarks.knob_effect", "--worker",
-                                  "--", *argv], name=name)
+    return interleave.StepServer(
+        [sys.executable, "-m", "benchmarks.knob_effect", "--worker", "--", *argv], name=name
+    )
 
 
 def _side(server: interleave.StepServer, times: list[float]) -> dict[str, Any]:
-    return {**json.loads(server.about), "step_s_median": statistics.median(times),
-            "steps_s": times}
+    return {**json.loads(server.about), "step_s_median": statistics.median(times), "steps_s": times}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    plain_argv = ["--family", args.family, "--batch", str(args.batch),
-                  "--inputs", str(args.inputs), "--targets", str(args.targets),
-                  *shlex.split(args.base)]
+    plain_argv = [
+        "--family",
+        args.family,
+        "--batch",
+        str(args.batch),
+        "--inputs",
+        str(args.inputs),
+        "--targets",
+        str(args.targets),
+        *shlex.split(args.base),
+    ]
     knobs = args.knob or list(DEFAULT_KNOBS[args.family])
     for argv in [plain_argv, *(plain_argv + shlex.split(knob) for knob in knobs)]:
         check_step_arguments(argv)
@@ -112,16 +143,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 with_knob.wait_ready()
                 plain_times, knob_times, ratios = interleave.alternate(
-                    plain.step, with_knob.step, args.rounds)  # ratio: knob over plain
+                    plain.step, with_knob.step, args.rounds
+                )  # ratio: knob over plain
             finally:
                 with_knob.close()
-            rows.append({"knob": knob, "plain": _side(plain, plain_times),
-                         "with_knob": _side(with_knob, knob_times), "ratios": ratios,
-                         **interleave.quartiles(ratios)})
+            rows.append(
+                {
+                    "knob": knob,
+                    "plain": _side(plain, plain_times),
+                    "with_knob": _side(with_knob, knob_times),
+                    "ratios": ratios,
+                    **interleave.quartiles(ratios),
+                }
+            )
     finally:
         plain.close()
-    return {"family": args.family, "plain_args": shlex.join(plain_argv), "rounds": args.rounds,
-            "knobs": rows, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    return {
+        "family": args.family,
+        "plain_args": shlex.join(plain_argv),
+        "rounds": args.rounds,
+        "knobs": rows,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
 
 
 def _mib(n: int | None) -> str:
@@ -129,20 +172,23 @@ def _mib(n: int | None) -> str:
 
 
 def print_table(result: dict[str, Any]) -> None:
-    print(f"{result['family']}: {result['plain_args']}, {result['rounds']} A B B A rounds "
-          f"per knob")
-    header = (f"{'knob':<30} {'plain s':>8} {'knob s':>8} {'knob/plain (IQR)':>22} "
-              f"{'XLA MiB plain/knob':>19} {'compile s':>12} {'first loss plain/knob':>24}")
+    print(f"{result['family']}: {result['plain_args']}, {result['rounds']} A B B A rounds per knob")
+    header = (
+        f"{'knob':<30} {'plain s':>8} {'knob s':>8} {'knob/plain (IQR)':>22} "
+        f"{'XLA MiB plain/knob':>19} {'compile s':>12} {'first loss plain/knob':>24}"
+    )
     print(header)
     print("-" * len(header))
     for row in result["knobs"]:
         plain, knob = row["plain"], row["with_knob"]
-        ratio = (f"{row['ratio_median']:.3f} ({row['ratio_q1']:.3f}-{row['ratio_q3']:.3f})")
+        ratio = f"{row['ratio_median']:.3f} ({row['ratio_q1']:.3f}-{row['ratio_q3']:.3f})"
         memory = f"{_mib(plain['xla_step_bytes'])} / {_mib(knob['xla_step_bytes'])}"
         compile_s = f"{plain['compile_s']:.1f} / {knob['compile_s']:.1f}"
         loss = f"{plain['first_loss']:.5f} / {knob['first_loss']:.5f}"
-        print(f"{row['knob']:<30} {plain['step_s_median']:>8.3f} {knob['step_s_median']:>8.3f} "
-              f"{ratio:>22} {memory:>19} {compile_s:>12} {loss:>24}")
+        print(
+            f"{row['knob']:<30} {plain['step_s_median']:>8.3f} {knob['step_s_median']:>8.3f} "
+            f"{ratio:>22} {memory:>19} {compile_s:>12} {loss:>24}"
+        )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
@@ -152,12 +198,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         return None
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--family", default="t5", choices=sorted(DEFAULT_KNOBS))
-    parser.add_argument("--knob", action="append", default=[],
-                        help="train_throughput arguments that make the step under test, e.g. "
-                             "--knob '--dtype bfloat16' (repeatable; default: the family's "
-                             "knobs in DEFAULT_KNOBS)")
-    parser.add_argument("--base", default="",
-                        help="arguments both sides share, e.g. '--gin T5Config.num_heads=8'")
+    parser.add_argument(
+        "--knob",
+        action="append",
+        default=[],
+        help="train_throughput arguments that make the step under test, e.g. "
+        "--knob '--dtype bfloat16' (repeatable; default: the family's "
+        "knobs in DEFAULT_KNOBS)",
+    )
+    parser.add_argument(
+        "--base", default="", help="arguments both sides share, e.g. '--gin T5Config.num_heads=8'"
+    )
     parser.add_argument("--rounds", type=int, default=6, help="A B B A rounds per knob (>= 4)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--inputs", type=int, default=512)

@@ -53,8 +53,9 @@ class Product:
     rhs: tuple[int, ...]
     lhs_dtype: str
     rhs_dtype: str
-    dimension_numbers: tuple[tuple[tuple[int, ...], tuple[int, ...]],
-                             tuple[tuple[int, ...], tuple[int, ...]]]
+    dimension_numbers: tuple[
+        tuple[tuple[int, ...], tuple[int, ...]], tuple[tuple[int, ...], tuple[int, ...]]
+    ]
     precision: Any = None
     preferred_element_type: str | None = None
 
@@ -62,8 +63,9 @@ class Product:
     def flops(self) -> int:
         """2 x every (batch, lhs free, rhs free, contracted) combination."""
         (_, rhs_contracting), (_, rhs_batch) = self.dimension_numbers
-        rhs_free = [n for i, n in enumerate(self.rhs)
-                    if i not in rhs_contracting and i not in rhs_batch]
+        rhs_free = [
+            n for i, n in enumerate(self.rhs) if i not in rhs_contracting and i not in rhs_batch
+        ]
         return 2 * math.prod(self.lhs) * math.prod(rhs_free)
 
     def describe(self) -> str:
@@ -73,12 +75,20 @@ class Product:
 
     def call(self) -> tuple[Callable[[jax.Array, jax.Array], jax.Array], tuple[Any, Any]]:
         """(the product as a function, abstract operands to compile it for)."""
-        def product(a: jax.Array, b: jax.Array) -> jax.Array:
-            return jax.lax.dot_general(a, b, self.dimension_numbers, self.precision,
-                                       preferred_element_type=self.preferred_element_type)
 
-        return product, (jax.ShapeDtypeStruct(self.lhs, self.lhs_dtype),
-                         jax.ShapeDtypeStruct(self.rhs, self.rhs_dtype))
+        def product(a: jax.Array, b: jax.Array) -> jax.Array:
+            return jax.lax.dot_general(
+                a,
+                b,
+                self.dimension_numbers,
+                self.precision,
+                preferred_element_type=self.preferred_element_type,
+            )
+
+        return product, (
+            jax.ShapeDtypeStruct(self.lhs, self.lhs_dtype),
+            jax.ShapeDtypeStruct(self.rhs, self.rhs_dtype),
+        )
 
 
 @dataclasses.dataclass
@@ -96,11 +106,15 @@ class Census:
 def _product(eqn: Any) -> Product:
     lhs, rhs = (v.aval for v in eqn.invars)
     preferred = eqn.params.get("preferred_element_type")
-    return Product(tuple(lhs.shape), tuple(rhs.shape), str(lhs.dtype), str(rhs.dtype),
-                   tuple(tuple(tuple(d) for d in pair)
-                         for pair in eqn.params["dimension_numbers"]),
-                   eqn.params.get("precision"),
-                   None if preferred is None else str(jnp.dtype(preferred)))
+    return Product(
+        tuple(lhs.shape),
+        tuple(rhs.shape),
+        str(lhs.dtype),
+        str(rhs.dtype),
+        tuple(tuple(tuple(d) for d in pair) for pair in eqn.params["dimension_numbers"]),
+        eqn.params.get("precision"),
+        None if preferred is None else str(jnp.dtype(preferred)),
+    )
 
 
 def _take_census(jaxpr: Any, times: int, census: Census) -> None:
@@ -109,8 +123,10 @@ def _take_census(jaxpr: Any, times: int, census: Census) -> None:
         if name == "dot_general":
             census.counts[_product(eqn)] += times
             continue
-        inner = [j.jaxpr if isinstance(j, jax_core.ClosedJaxpr) else j
-                 for j in jax_core.jaxprs_in_params(eqn.params)]
+        inner = [
+            j.jaxpr if isinstance(j, jax_core.ClosedJaxpr) else j
+            for j in jax_core.jaxprs_in_params(eqn.params)
+        ]
         if name == "cond":  # one branch runs: count the costliest
             branches = []
             for branch in inner:
@@ -136,8 +152,10 @@ def census_of(fn: Callable[..., Any], *args: Any) -> Census:
     return census
 
 
-def product_timers(products: Iterable[Product], options: dict[str, dict[str, Any]],
-                   ) -> dict[tuple[Product, str], Callable[[], float]]:
+def product_timers(
+    products: Iterable[Product],
+    options: dict[str, dict[str, Any]],
+) -> dict[tuple[Product, str], Callable[[], float]]:
     """A timer of each product alone per library (`hardware.donating_timer`: random operands,
     each result written over the last, as the step writes into buffers it holds)."""
     timers: dict[tuple[Product, str], Callable[[], float]] = {}
@@ -173,15 +191,23 @@ def dispatch_seconds(reps: int = 50) -> float:
     return statistics.median(seconds() for _ in range(reps))
 
 
-def ceiling(census: Census, timed: dict[Product, dict[str, float]], step_library: str,
-            model_flops: float, peak: float) -> dict[str, Any]:
+def ceiling(
+    census: Census,
+    timed: dict[Product, dict[str, float]],
+    step_library: str,
+    model_flops: float,
+    peak: float,
+) -> dict[str, Any]:
     """The census's matmul time at the step's library and at the best per product, and the
     MFU each would give if the step were its products alone."""
     own = sum(n * timed[p][step_library] for p, n in census.counts.items())
     best = sum(n * min(timed[p].values()) for p, n in census.counts.items())
-    return {"matmul_s_step_library": own, "matmul_s_best_library": best,
-            "ceiling_mfu_step_library": model_flops / own / peak,
-            "ceiling_mfu_best_library": model_flops / best / peak}
+    return {
+        "matmul_s_step_library": own,
+        "matmul_s_best_library": best,
+        "ceiling_mfu_step_library": model_flops / own / peak,
+        "ceiling_mfu_best_library": model_flops / best / peak,
+    }
 
 
 def step_timer(built: train_throughput.BuiltStep) -> Callable[[], float]:
@@ -199,8 +225,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     options = hardware.matmul_libraries()
     step_library = next(iter(options))
     peak_timer = hardware.matmul_timer(cfg.dtype, size=args.peak_size)
-    timers = {"step": step_timer(built), "peak": peak_timer,
-              **product_timers(census.counts, options)}
+    timers = {
+        "step": step_timer(built),
+        "peak": peak_timer,
+        **product_timers(census.counts, options),
+    }
     samples = samples_in_turn(timers, args.reps)
     step_s = statistics.median(samples.pop("step"))
     peak = hardware.matmul_flop_count(args.peak_size) / min(samples.pop("peak"))
@@ -209,48 +238,83 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for (product, library), values in samples.items():
         timed[product][library] = max(statistics.median(values) - overhead, 0.0)
     model_flops = flops.train_step_flops(
-        cfg, train_throughput.FAMILIES[args.family].feature_lengths(args.inputs, args.targets),
-        args.batch)
-    rows = sorted(({"product": p.describe(), "count": n, "flops": p.flops * n,
-                    "seconds": {lib: n * s for lib, s in timed[p].items()}}
-                   for p, n in census.counts.items()),
-                  key=lambda row: -row["seconds"][step_library])
-    return {"family": args.family, "batch": args.batch, "inputs": args.inputs,
-            "targets": args.targets, "dtype": cfg.dtype, "reps": args.reps,
-            "products": len(census.counts), "product_calls": sum(census.counts.values()),
-            "while_loops": census.while_loops, "product_flops": census.flops,
-            "model_flops": model_flops, "step_s_median": step_s,
-            "mfu": model_flops / step_s / peak, "peak_matmul_flops_per_s": peak,
-            "peak_source": f"measured, {peak_timer.library}", "dispatch_s": overhead,
-            "step_library": step_library,
-            **ceiling(census, timed, step_library, model_flops, peak),
-            "rows": rows, "device": str(jax.devices()[0].device_kind), "host": platform.node(),
-            "jax": jax.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+        cfg,
+        train_throughput.FAMILIES[args.family].feature_lengths(args.inputs, args.targets),
+        args.batch,
+    )
+    rows = sorted(
+        (
+            {
+                "product": p.describe(),
+                "count": n,
+                "flops": p.flops * n,
+                "seconds": {lib: n * s for lib, s in timed[p].items()},
+            }
+            for p, n in census.counts.items()
+        ),
+        key=lambda row: -row["seconds"][step_library],
+    )
+    return {
+        "family": args.family,
+        "batch": args.batch,
+        "inputs": args.inputs,
+        "targets": args.targets,
+        "dtype": cfg.dtype,
+        "reps": args.reps,
+        "products": len(census.counts),
+        "product_calls": sum(census.counts.values()),
+        "while_loops": census.while_loops,
+        "product_flops": census.flops,
+        "model_flops": model_flops,
+        "step_s_median": step_s,
+        "mfu": model_flops / step_s / peak,
+        "peak_matmul_flops_per_s": peak,
+        "peak_source": f"measured, {peak_timer.library}",
+        "dispatch_s": overhead,
+        "step_library": step_library,
+        **ceiling(census, timed, step_library, model_flops, peak),
+        "rows": rows,
+        "device": str(jax.devices()[0].device_kind),
+        "host": platform.node(),
+        "jax": jax.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
 
 
 def print_table(result: dict[str, Any], top: int) -> None:
     libs = list(result["rows"][0]["seconds"]) if result["rows"] else []
-    print(f"\n{result['family']}: batch {result['batch']} x {result['inputs']}+"
-          f"{result['targets']}, {result['dtype']}: {result['product_calls']} products "
-          f"({len(result['rows'])} distinct), {result['product_flops'] / 1e9:.1f} GFLOP "
-          f"(model count {result['model_flops'] / 1e9:.1f})")
-    print(f"{'count':>5}  {'product':52s} {'GFLOP':>7} " + " ".join(f"{lib + ' ms':>12}"
-                                                           for lib in libs))
+    print(
+        f"\n{result['family']}: batch {result['batch']} x {result['inputs']}+"
+        f"{result['targets']}, {result['dtype']}: {result['product_calls']} products "
+        f"({len(result['rows'])} distinct), {result['product_flops'] / 1e9:.1f} GFLOP "
+        f"(model count {result['model_flops'] / 1e9:.1f})"
+    )
+    print(
+        f"{'count':>5}  {'product':52s} {'GFLOP':>7} "
+        + " ".join(f"{lib + ' ms':>12}" for lib in libs)
+    )
     for row in result["rows"][:top]:
-        print(f"{row['count']:5d}  {row['product'][:52]:52s} {row['flops'] / 1e9:7.2f} "
-              + " ".join(f"{row['seconds'].get(lib, float('nan')) * 1e3:12.1f}"
-                         for lib in libs))
+        print(
+            f"{row['count']:5d}  {row['product'][:52]:52s} {row['flops'] / 1e9:7.2f} "
+            + " ".join(f"{row['seconds'].get(lib, float('nan')) * 1e3:12.1f}" for lib in libs)
+        )
     if len(result["rows"]) > top:
         print(f"  ... {len(result['rows']) - top} more in the JSON")
     peak = result["peak_matmul_flops_per_s"]
     print(f"\npeak ({result['peak_source']}): {peak / 1e9:.1f} GFLOP/s")
     print(f"step {result['step_s_median']:.3f} s: MFU {result['mfu']:.1%}")
-    print(f"products alone at {result['step_library']}: {result['matmul_s_step_library']:.3f} s"
-          f" -> MFU ceiling {result['ceiling_mfu_step_library']:.1%}")
-    print(f"products alone, fastest library each: {result['matmul_s_best_library']:.3f} s"
-          f" -> MFU ceiling {result['ceiling_mfu_best_library']:.1%}")
-    print(f"step / products alone at {result['step_library']}: "
-          f"{result['step_s_median'] / result['matmul_s_step_library']:.2f}")
+    print(
+        f"products alone at {result['step_library']}: {result['matmul_s_step_library']:.3f} s"
+        f" -> MFU ceiling {result['ceiling_mfu_step_library']:.1%}"
+    )
+    print(
+        f"products alone, fastest library each: {result['matmul_s_best_library']:.3f} s"
+        f" -> MFU ceiling {result['ceiling_mfu_best_library']:.1%}"
+    )
+    print(
+        f"step / products alone at {result['step_library']}: "
+        f"{result['step_s_median'] / result['matmul_s_step_library']:.2f}"
+    )
     print(f"70 % MFU needs a step of {result['model_flops'] / peak / 0.7:.3f} s")
     if result["while_loops"]:
         print(f"note: {result['while_loops']} while loop(s), their products counted once")
@@ -259,8 +323,12 @@ def print_table(result: dict[str, Any], top: int) -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     train_throughput.add_model_arguments(parser)
-    parser.add_argument("--reps", type=int, default=7,
-                        help="rounds; each times the step, the peak probe and every product")
+    parser.add_argument(
+        "--reps",
+        type=int,
+        default=7,
+        help="rounds; each times the step, the peak probe and every product",
+    )
     parser.add_argument("--peak_size", type=int, default=train_throughput.PROBE_SIZE)
     parser.add_argument("--top", type=int, default=20, help="products printed")
     parser.add_argument("--out", default="benchmarks/results/matmul_ceiling.json")

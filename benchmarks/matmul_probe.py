@@ -22,8 +22,7 @@ from t5x_like import hardware
 
 def command(dtype: str, size: int) -> list[str]:
     """The command line of a worker for `interleave.StepServer`."""
-    return [sys.executable, "-m", "benchmarks.matmul_probe", "--dtype", dtype,
-            "--size", str(size)]
+    return [sys.executable, "-m", "benchmarks.matmul_probe", "--dtype", dtype, "--size", str(size)]
 
 
 def rate(seconds: float, size: int) -> float:

@@ -55,16 +55,21 @@ def summarise(events: list[dict[str, Any]], steps: int, top: int = 25) -> dict[s
         count[e["name"]] += 1
 
     def rows(table, n):
-        return [{"name": k, "ms_per_step": v / 1e3 / steps, "share": v / total}
-                for k, v in sorted(table.items(), key=lambda kv: -kv[1])[:n]]
+        return [
+            {"name": k, "ms_per_step": v / 1e3 / steps, "share": v / total}
+            for k, v in sorted(table.items(), key=lambda kv: -kv[1])[:n]
+        ]
 
-    return {"op_ms_per_step": total / 1e3 / steps, "by_kind": rows(by_kind, top),
-            "by_op": [{**r, "calls_per_step": count[r["name"]] / steps}
-                      for r in rows(by_name, top)]}
+    return {
+        "op_ms_per_step": total / 1e3 / steps,
+        "by_kind": rows(by_kind, top),
+        "by_op": [{**r, "calls_per_step": count[r["name"]] / steps} for r in rows(by_name, top)],
+    }
 
 
-def profile(run_step: Callable[[], Any], trace_dir: str, steps: int = 2,
-            top: int = 25) -> dict[str, Any]:
+def profile(
+    run_step: Callable[[], Any], trace_dir: str, steps: int = 2, top: int = 25
+) -> dict[str, Any]:
     """Trace `steps` calls of `run_step` (which must block until done) into `trace_dir` and
     summarise the XLA ops."""
     with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
@@ -80,5 +85,7 @@ def print_profile(summary: dict[str, Any]) -> None:
         print(f"{r['name']:<40} {r['ms_per_step']:>10.1f} {r['share']:>7.1%}")
     print(f"\n{'op':<40} {'ms/step':>10} {'share':>7} {'calls':>6}")
     for r in summary["by_op"]:
-        print(f"{r['name']:<40} {r['ms_per_step']:>10.1f} {r['share']:>7.1%} "
-              f"{r['calls_per_step']:>6.0f}")
+        print(
+            f"{r['name']:<40} {r['ms_per_step']:>10.1f} {r['share']:>7.1%} "
+            f"{r['calls_per_step']:>6.0f}"
+        )

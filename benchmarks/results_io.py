@@ -19,5 +19,12 @@ def write_json(path: str, data: Any) -> None:
 
 def write_rows(path: str, rows: list[dict[str, Any]]) -> None:
     """A benchmark's table rows with what they were measured on and when."""
-    write_json(path, {"rows": rows, "host_cpus": os.cpu_count(), "jax": metadata.version("jax"),
-                      "date": time.strftime("%Y-%m-%d %H:%M:%S")})
+    write_json(
+        path,
+        {
+            "rows": rows,
+            "host_cpus": os.cpu_count(),
+            "jax": metadata.version("jax"),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        },
+    )

@@ -27,11 +27,17 @@ from benchmarks.input_throughput import PIPELINES, _model
 from t5x_like import storage, train_data
 
 
-def _first_batch_s(order: train_data.DataOrder, lengths: dict[str, int], model: Any,
-                   at: int, restore_from: str | None) -> tuple[float, dict, str]:
+def _first_batch_s(
+    order: train_data.DataOrder,
+    lengths: dict[str, int],
+    model: Any,
+    at: int,
+    restore_from: str | None,
+) -> tuple[float, dict, str]:
     start = time.perf_counter()
-    stream = train_data.HostBatches(order, lengths, start_batch=at, model=model,
-                                    restore_from=restore_from)
+    stream = train_data.HostBatches(
+        order, lengths, start_batch=at, model=model, restore_from=restore_from
+    )
     batch = next(stream)
     return time.perf_counter() - start, batch, stream.how_started
 
@@ -57,14 +63,24 @@ def run(names: list[str], batch_size: int, at: int) -> list[dict[str, Any]]:
         assert how.startswith("skipped"), how
         for key in restored:
             np.testing.assert_array_equal(restored[key], skipped[key], err_msg=key)
-        row = {"pipeline": name, "task": task, "feature_lengths": lengths, "batch": batch_size,
-               "resume_at_batch": at, "save_s": save_s,
-               "state_bytes": sum(storage.file_sizes(directory).values()),
-               "restore_first_batch_s": restore_s, "skip_first_batch_s": skip_s}
+        row = {
+            "pipeline": name,
+            "task": task,
+            "feature_lengths": lengths,
+            "batch": batch_size,
+            "resume_at_batch": at,
+            "save_s": save_s,
+            "state_bytes": sum(storage.file_sizes(directory).values()),
+            "restore_first_batch_s": restore_s,
+            "skip_first_batch_s": skip_s,
+        }
         rows.append(row)
-        print(f"{name:<16} at batch {at:,} of {batch_size}: save {save_s:.2f} s "
-              f"({row['state_bytes'] / 2**20:.1f} MiB); first batch restored "
-              f"{restore_s:.1f} s, skipped {skip_s:.1f} s", flush=True)
+        print(
+            f"{name:<16} at batch {at:,} of {batch_size}: save {save_s:.2f} s "
+            f"({row['state_bytes'] / 2**20:.1f} MiB); first batch restored "
+            f"{restore_s:.1f} s, skipped {skip_s:.1f} s",
+            flush=True,
+        )
     return rows
 
 
@@ -72,8 +88,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pipelines", default=",".join(PIPELINES))
     parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--at", type=int, default=200,
-                        help="the resume position, in batches of this stream")
+    parser.add_argument(
+        "--at", type=int, default=200, help="the resume position, in batches of this stream"
+    )
     parser.add_argument("--out", default="benchmarks/results/resume_input.json")
     args = parser.parse_args(argv)
     rows = run(args.pipelines.split(","), args.batch, args.at)

@@ -22,10 +22,17 @@ from benchmarks import results_io
 # (devices, mesh data x model, layout)
 RUNS = [
     (1, (1, 1), "data_parallel"),
-    (2, (2, 1), "data_parallel"), (2, (1, 2), "model_parallel"), (2, (2, 1), "fsdp"),
-    (4, (4, 1), "data_parallel"), (4, (2, 2), "model_parallel"), (4, (4, 1), "fsdp"),
-    (8, (8, 1), "data_parallel"), (8, (4, 2), "model_parallel"), (8, (2, 4), "model_parallel"),
-    (8, (8, 1), "fsdp"), (8, (4, 2), "fsdp"),
+    (2, (2, 1), "data_parallel"),
+    (2, (1, 2), "model_parallel"),
+    (2, (2, 1), "fsdp"),
+    (4, (4, 1), "data_parallel"),
+    (4, (2, 2), "model_parallel"),
+    (4, (4, 1), "fsdp"),
+    (8, (8, 1), "data_parallel"),
+    (8, (4, 2), "model_parallel"),
+    (8, (2, 4), "model_parallel"),
+    (8, (8, 1), "fsdp"),
+    (8, (4, 2), "fsdp"),
 ]
 # (model gin, devices, mesh, layout, batch): v4-32 = 16 chips, v5p-128 = 64 chips.
 PLANS = [
@@ -63,37 +70,66 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     results = {"train": [], "plans": []}
-    print(f"{'devices':>7} {'mesh':>6} {'layout':<15} {'step s':>8} {'tokens/s':>9} "
-          f"{'MiB/device':>10}")
-    for devices, mesh, layout in ([] if args.skip_train else RUNS):
-        r = _run([sys.executable, "-m", "benchmarks.train_throughput", f"--steps={args.steps}",
-                  f"--mesh_shape={mesh[0]},{mesh[1]}", f"--layout={layout}"], devices, "--out")
+    print(
+        f"{'devices':>7} {'mesh':>6} {'layout':<15} {'step s':>8} {'tokens/s':>9} "
+        f"{'MiB/device':>10}"
+    )
+    for devices, mesh, layout in [] if args.skip_train else RUNS:
+        r = _run(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.train_throughput",
+                f"--steps={args.steps}",
+                f"--mesh_shape={mesh[0]},{mesh[1]}",
+                f"--layout={layout}",
+            ],
+            devices,
+            "--out",
+        )
         r.update(devices=devices, mesh_shape=mesh, layout=layout)
         results["train"].append(r)
         if "error" in r:
             print(f"{devices:>7} {mesh[0]}x{mesh[1]:<4} {layout:<15} error: {r['error'][-120:]}")
             continue
-        print(f"{devices:>7} {mesh[0]}x{mesh[1]:<4} {layout:<15} {r['step_s_median']:>8.2f} "
-              f"{r['tokens_per_s']:>9,.0f} {r['xla_step_bytes'] / 2**20:>10,.0f}", flush=True)
+        print(
+            f"{devices:>7} {mesh[0]}x{mesh[1]:<4} {layout:<15} {r['step_s_median']:>8.2f} "
+            f"{r['tokens_per_s']:>9,.0f} {r['xla_step_bytes'] / 2**20:>10,.0f}",
+            flush=True,
+        )
 
     if not args.skip_plans:
-        print(f"\n{'model':<40} {'devices':>7} {'mesh':>6} {'layout':<14} {'params GiB':>10} "
-              f"{'opt GiB':>8} {'temp GiB':>8} {'peak GiB':>8}  fits")
-        for gin_file, devices, mesh, layout, batch in PLANS + (PLANS_11B if args.with_11b
-                                                               else []):
-            r = _run([sys.executable, "-m", "t5x_like.plan", f"--gin_file={gin_file}",
-                      f"--num_devices={devices}", f"--mesh_shape={mesh[0]},{mesh[1]}",
-                      f"--layout={layout}", f"--batch_size={batch}"], devices, "--json")
+        print(
+            f"\n{'model':<40} {'devices':>7} {'mesh':>6} {'layout':<14} {'params GiB':>10} "
+            f"{'opt GiB':>8} {'temp GiB':>8} {'peak GiB':>8}  fits"
+        )
+        for gin_file, devices, mesh, layout, batch in PLANS + (PLANS_11B if args.with_11b else []):
+            r = _run(
+                [
+                    sys.executable,
+                    "-m",
+                    "t5x_like.plan",
+                    f"--gin_file={gin_file}",
+                    f"--num_devices={devices}",
+                    f"--mesh_shape={mesh[0]},{mesh[1]}",
+                    f"--layout={layout}",
+                    f"--batch_size={batch}",
+                ],
+                devices,
+                "--json",
+            )
             results["plans"].append({"gin_file": gin_file, **r})
             if "error" in r:
                 print(f"{gin_file:<40} error: {r['error'][-120:]}")
                 continue
             b = r["bytes_per_device"]
             fits = ", ".join(k for k, ok in r["fits"].items() if ok) or "none"
-            print(f"{gin_file:<40} {devices:>7} {mesh[0]}x{mesh[1]:<4} {layout:<14} "
-                  f"{b['parameters'] / 2**30:>10.2f} {b['optimizer_state'] / 2**30:>8.2f} "
-                  f"{b['temporaries'] / 2**30:>8.2f} {b['peak_estimate'] / 2**30:>8.2f}  {fits}",
-                  flush=True)
+            print(
+                f"{gin_file:<40} {devices:>7} {mesh[0]}x{mesh[1]:<4} {layout:<14} "
+                f"{b['parameters'] / 2**30:>10.2f} {b['optimizer_state'] / 2**30:>8.2f} "
+                f"{b['temporaries'] / 2**30:>8.2f} {b['peak_estimate'] / 2**30:>8.2f}  {fits}",
+                flush=True,
+            )
     results_io.write_json(args.out, results)
 
 

@@ -41,8 +41,9 @@ def _step_regression():
     """This checkout's `step_regression`, loaded by path: a worker runs with the base tree
     first on sys.path, and an old base may lack `build_standard_step`."""
     spec = importlib.util.spec_from_file_location(
-        "_head_step_regression", os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                              "step_regression.py"))
+        "_head_step_regression",
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), "step_regression.py"),
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -75,28 +76,53 @@ def compare_programs(base: str, head: str, context_lines: int = 40) -> dict[str,
     """Whether two canonical HLO texts are equal, their digests, and the first lines of their
     unified diff when not."""
     same = base == head
-    diff = [] if same else list(itertools.islice(
-        difflib.unified_diff(base.splitlines(), head.splitlines(), "base", "head", lineterm=""),
-        context_lines))
-    return {"same_program": same,
-            "base_sha256": hashlib.sha256(base.encode()).hexdigest(),
-            "head_sha256": hashlib.sha256(head.encode()).hexdigest(),
-            "base_lines": base.count("\n"), "head_lines": head.count("\n"), "diff_head": diff}
+    diff = (
+        []
+        if same
+        else list(
+            itertools.islice(
+                difflib.unified_diff(
+                    base.splitlines(), head.splitlines(), "base", "head", lineterm=""
+                ),
+                context_lines,
+            )
+        )
+    )
+    return {
+        "same_program": same,
+        "base_sha256": hashlib.sha256(base.encode()).hexdigest(),
+        "head_sha256": hashlib.sha256(head.encode()).hexdigest(),
+        "base_lines": base.count("\n"),
+        "head_lines": head.count("\n"),
+        "diff_head": diff,
+    }
 
 
 def _worker(args: argparse.Namespace) -> None:
     """Runs inside a tree: compile its standard step and print the canonical HLO."""
     compiled, *_ = _step_regression().build_standard_step(
-        args.family, args.batch, args.inputs, args.targets, args.bindings)
+        args.family, args.batch, args.inputs, args.targets, args.bindings
+    )
     sys.stdout.write(canonical_hlo(compiled.as_text()))
 
 
 def program_of(tree: str, args: argparse.Namespace) -> str:
     """The canonical HLO of `tree`'s standard step, compiled in a fresh process."""
     env = {**os.environ, "PYTHONPATH": tree, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")}
-    command = [sys.executable, os.path.abspath(__file__), "--worker", "--family", args.family,
-               "--batch", str(args.batch), "--inputs", str(args.inputs),
-               "--targets", str(args.targets), *[f"--gin={b}" for b in args.bindings]]
+    command = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--worker",
+        "--family",
+        args.family,
+        "--batch",
+        str(args.batch),
+        "--inputs",
+        str(args.inputs),
+        "--targets",
+        str(args.targets),
+        *[f"--gin={b}" for b in args.bindings],
+    ]
     done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"Compiling the step in {tree} failed:\n{done.stderr[-4000:]}")
@@ -109,23 +135,39 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
         base_commit = regression.extract(args.base, tmp)
         base = program_of(tmp, args)
     head = program_of(ROOT, args)
-    return {"base": args.base, "base_commit": base_commit,
-            "head_commit": regression.head_commit(), "family": args.family,
-            "batch": args.batch, "inputs": args.inputs, "targets": args.targets,
-            "bindings": args.bindings, **compare_programs(base, head),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    return {
+        "base": args.base,
+        "base_commit": base_commit,
+        "head_commit": regression.head_commit(),
+        "family": args.family,
+        "batch": args.batch,
+        "inputs": args.inputs,
+        "targets": args.targets,
+        "bindings": args.bindings,
+        **compare_programs(base, head),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", default="HEAD~1", help="git revision to compare against")
-    parser.add_argument("--family", default="t5", choices=["t5", "decoder_only", "bert"],
-                        help="whose standard benchmark step (benchmarks.families)")
+    parser.add_argument(
+        "--family",
+        default="t5",
+        choices=["t5", "decoder_only", "bert"],
+        help="whose standard benchmark step (benchmarks.families)",
+    )
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--inputs", type=int, default=512)
     parser.add_argument("--targets", type=int, default=128)
-    parser.add_argument("--gin", action="append", default=[], dest="bindings",
-                        help="gin binding over the family's benchmark config, in both trees")
+    parser.add_argument(
+        "--gin",
+        action="append",
+        default=[],
+        dest="bindings",
+        help="gin binding over the family's benchmark config, in both trees",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default="benchmarks/results/step_program.json")
     args = parser.parse_args(argv)
@@ -134,10 +176,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     result = compare(args)
     print(f"{'':<6} {'commit':<22} {'HLO lines':>10}  sha256")
-    print(f"{'base':<6} {result['base_commit'][:12]:<22} {result['base_lines']:>10}  "
-          f"{result['base_sha256'][:16]}")
-    print(f"{'head':<6} {result['head_commit'][:22]:<22} {result['head_lines']:>10}  "
-          f"{result['head_sha256'][:16]}")
+    print(
+        f"{'base':<6} {result['base_commit'][:12]:<22} {result['base_lines']:>10}  "
+        f"{result['base_sha256'][:16]}"
+    )
+    print(
+        f"{'head':<6} {result['head_commit'][:22]:<22} {result['head_lines']:>10}  "
+        f"{result['head_sha256'][:16]}"
+    )
     if result["same_program"]:
         print(f"SAME PROGRAM: the {args.family} step compiles to identical optimized HLO.")
     else:

@@ -38,15 +38,17 @@ def _interleave():
     """`benchmarks/interleave.py` of this checkout, loaded by path: a worker runs with the base
     tree first on sys.path, and an old base has no such module."""
     spec = importlib.util.spec_from_file_location(
-        "_head_interleave", os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                         "interleave.py"))
+        "_head_interleave",
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), "interleave.py"),
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def build_standard_step(family_name: str, batch: int, inputs: int, targets: int,
-                        bindings: list[str]) -> tuple[Any, Any, Any, Any]:
+def build_standard_step(
+    family_name: str, batch: int, inputs: int, targets: int, bindings: list[str]
+) -> tuple[Any, Any, Any, Any]:
     """(compiled step, state, batch, rng) of the family's standard benchmark step, built with
     the code of the tree on sys.path (this function only calls the trainer's public API, so an
     older tree builds its own step). `step_program` compiles the same step to compare its
@@ -63,7 +65,7 @@ def build_standard_step(family_name: str, batch: int, inputs: int, targets: int,
         try:
             from t5x_like.gin_setup import bind_over
         except ImportError:  # a base from before gin_setup held it
-            from t5x_like.config import bind_over
+            from t5x_like.config import bind_over  # type: ignore[attr-defined,no-redef]
 
         cfg = bind_over(cfg, bindings)
     model = family.make_model(cfg, None)
@@ -73,8 +75,10 @@ def build_standard_step(family_name: str, batch: int, inputs: int, targets: int,
         lr = optimizers.inverse_sqrt_schedule()
         optimizer = optimizers.t5_adafactor(lr)
     else:
-        raise SystemExit(f"This tree's benchmarks/families.py predates per-family optimizers: "
-                         f"--family {family_name} needs a newer --base.")
+        raise SystemExit(
+            f"This tree's benchmarks/families.py predates per-family optimizers: "
+            f"--family {family_name} needs a newer --base."
+        )
     mesh = partitioning.make_mesh(mesh_shape=(1, 1), devices=jax.devices()[:1])
     rules = partitioning.logical_axis_rules("auto", num_partitions=1)
     layout = trainer.make_layout(model, optimizer, mesh, rules)
@@ -87,12 +91,10 @@ def build_standard_step(family_name: str, batch: int, inputs: int, targets: int,
     return compiled, state, data, rng
 
 
-def _worker(family_name: str, batch: int, inputs: int, targets: int,
-            bindings: list[str]) -> None:
+def _worker(family_name: str, batch: int, inputs: int, targets: int, bindings: list[str]) -> None:
     """Runs inside a tree (its code on sys.path): compile the step, then serve one step per
     request (`interleave.serve`)."""
-    compiled, state, data, rng = build_standard_step(family_name, batch, inputs, targets,
-                                                     bindings)
+    compiled, state, data, rng = build_standard_step(family_name, batch, inputs, targets, bindings)
     holder = {"state": state}
 
     def one_step() -> None:
@@ -107,21 +109,42 @@ def _worker(family_name: str, batch: int, inputs: int, targets: int,
 def _start_worker(tree: str, args: argparse.Namespace, name: str):
     env = {**os.environ, "PYTHONPATH": tree, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")}
     return _interleave().StepServer(
-        [sys.executable, os.path.abspath(__file__), "--worker", "--family", args.family,
-         "--batch", str(args.batch),
-         "--inputs", str(args.inputs), "--targets", str(args.targets),
-         *[f"--gin={b}" for b in args.bindings]],
-        cwd=tree, env=env, name=f"{name} worker ({tree})")
+        [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--worker",
+            "--family",
+            args.family,
+            "--batch",
+            str(args.batch),
+            "--inputs",
+            str(args.inputs),
+            "--targets",
+            str(args.targets),
+            *[f"--gin={b}" for b in args.bindings],
+        ],
+        cwd=tree,
+        env=env,
+        name=f"{name} worker ({tree})",
+    )
 
 
 def extract(revision: str, into: str) -> str:
     """`git archive` of `revision` unpacked into `into`; returns its commit hash."""
-    commit = subprocess.run(["git", "rev-parse", "--verify", f"{revision}^{{commit}}"],
-                            cwd=ROOT, capture_output=True, text=True)
+    commit = subprocess.run(
+        ["git", "rev-parse", "--verify", f"{revision}^{{commit}}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     if commit.returncode:
         raise SystemExit(f"--base {revision!r} is not a commit here: {commit.stderr.strip()}")
-    archive = subprocess.run(["git", "archive", "--format=tar", commit.stdout.strip()],
-                             cwd=ROOT, capture_output=True, check=True)
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", commit.stdout.strip()],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    )
     subprocess.run(["tar", "-x", "-C", into], input=archive.stdout, check=True)
     return commit.stdout.strip()
 
@@ -135,10 +158,17 @@ def verdict(ratios: list[float], tolerance: float) -> dict[str, Any]:
 def head_commit() -> str:
     """This checkout's commit, with "+uncommitted" when tracked files differ from it: what the
     "head" side of a comparison ran."""
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                                cwd=ROOT, capture_output=True, text=True).stdout.strip())
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    dirty = bool(
+        subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
     return commit + ("+uncommitted" if dirty else "")
 
 
@@ -150,32 +180,55 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
         head_worker = _start_worker(ROOT, args, "head")
         try:
             base_times, head_times, ratios = _interleave().alternate(
-                base.step, head_worker.step, args.rounds)  # ratio: head over base
+                base.step, head_worker.step, args.rounds
+            )  # ratio: head over base
         finally:
             base.close()
             head_worker.close()
-    return {"base": args.base, "base_commit": base_commit, "head_commit": head,
-            "rounds": args.rounds, "tolerance": args.tolerance, "bindings": args.bindings,
-            "base_step_s_median": statistics.median(base_times),
-            "head_step_s_median": statistics.median(head_times),
-            "base_steps_s": base_times, "head_steps_s": head_times, "ratios": ratios,
-            **verdict(ratios, args.tolerance), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    return {
+        "base": args.base,
+        "base_commit": base_commit,
+        "head_commit": head,
+        "rounds": args.rounds,
+        "tolerance": args.tolerance,
+        "bindings": args.bindings,
+        "base_step_s_median": statistics.median(base_times),
+        "head_step_s_median": statistics.median(head_times),
+        "base_steps_s": base_times,
+        "head_steps_s": head_times,
+        "ratios": ratios,
+        **verdict(ratios, args.tolerance),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", default="HEAD~1", help="git revision to compare against")
     parser.add_argument("--rounds", type=int, default=10, help="A B B A rounds (>= 4)")
-    parser.add_argument("--tolerance", type=float, default=0.03,
-                        help="slow-down below which no regression is reported")
-    parser.add_argument("--family", default="t5", choices=["t5", "decoder_only", "bert"],
-                        help="whose standard benchmark step (benchmarks.families)")
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.03,
+        help="slow-down below which no regression is reported",
+    )
+    parser.add_argument(
+        "--family",
+        default="t5",
+        choices=["t5", "decoder_only", "bert"],
+        help="whose standard benchmark step (benchmarks.families)",
+    )
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--inputs", type=int, default=512)
     parser.add_argument("--targets", type=int, default=128)
-    parser.add_argument("--gin", action="append", default=[], dest="bindings",
-                        help="gin binding over the family's benchmark config, in both trees "
-                             "(e.g. --gin BertConfig.dropout_rate=0.1)")
+    parser.add_argument(
+        "--gin",
+        action="append",
+        default=[],
+        dest="bindings",
+        help="gin binding over the family's benchmark config, in both trees "
+        "(e.g. --gin BertConfig.dropout_rate=0.1)",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default="benchmarks/results/step_regression.json")
     args = parser.parse_args(argv)
@@ -188,8 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'':<8} {'commit':<22} {'median step':>12}")
     print(f"{'base':<8} {result['base_commit'][:12]:<22} {result['base_step_s_median']:>10.3f} s")
     print(f"{'head':<8} {result['head_commit'][:22]:<22} {result['head_step_s_median']:>10.3f} s")
-    print(f"head / base per round: median {result['ratio_median']:.3f} "
-          f"(interquartile {result['ratio_q1']:.3f} .. {result['ratio_q3']:.3f})")
+    print(
+        f"head / base per round: median {result['ratio_median']:.3f} "
+        f"(interquartile {result['ratio_q1']:.3f} .. {result['ratio_q3']:.3f})"
+    )
     print("REGRESSION" if result["regression"] else "no regression beyond the noise")
     from benchmarks import results_io  # here: a worker runs this file inside the base tree
 

@@ -86,18 +86,25 @@ class SteppedState:
         return self.metrics
 
 
-def build_step(cfg: Any, batch: int, inputs: int, targets: int,
-               mesh_shape: tuple[int, int] | None = None, layout_name: str = "auto",
-               loss_chunk_length: int | None = None,
-               nonfinite_policy: str = "stop") -> BuiltStep:
+def build_step(
+    cfg: Any,
+    batch: int,
+    inputs: int,
+    targets: int,
+    mesh_shape: tuple[int, int] | None = None,
+    layout_name: str = "auto",
+    loss_chunk_length: int | None = None,
+    nonfinite_policy: str = "stop",
+) -> BuiltStep:
     """The step `t5x_like.train` runs, for the family `cfg` belongs to, on the given mesh,
     with the family's recipe optimizer, a synthetic batch and initialised state."""
     family = next(f for f in FAMILIES.values() if isinstance(cfg, f.config_class))
     model = family.make_model(cfg, loss_chunk_length)
     lr, optimizer = family.make_optimizer()
     mesh = partitioning.make_mesh(mesh_shape=mesh_shape or (jax.device_count(), 1))
-    rules = partitioning.logical_axis_rules(layout_name,
-                                            num_partitions=partitioning.model_axis_size(mesh))
+    rules = partitioning.logical_axis_rules(
+        layout_name, num_partitions=partitioning.model_axis_size(mesh)
+    )
     partitioning.check_batch_size(batch, mesh, rules=rules)
     layout = trainer.make_layout(model, optimizer, mesh, rules)
     if getattr(cfg, "scan_layers", False):
@@ -105,17 +112,22 @@ def build_step(cfg: Any, batch: int, inputs: int, targets: int,
         # per-layer stack does: start from the per-layer stack's weights, stacked, so a step
         # with --scan_layers computes what the step without it does (`knob_effect` compares
         # their losses).
-        per_layer = family.make_model(dataclasses.replace(cfg, scan_layers=False),
-                                      loss_chunk_length)
-        params = trainer.init_state(per_layer, optimizer, jax.random.key(0),
-                                    trainer.make_layout(per_layer, optimizer, mesh, rules)).params
+        per_layer = family.make_model(
+            dataclasses.replace(cfg, scan_layers=False), loss_chunk_length
+        )
+        params = trainer.init_state(
+            per_layer,
+            optimizer,
+            jax.random.key(0),
+            trainer.make_layout(per_layer, optimizer, mesh, rules),
+        ).params
         state = trainer.state_from_params(scan_layout.stack_layers(params), optimizer, layout)
     else:
         state = trainer.init_state(model, optimizer, jax.random.key(0), layout)
-    data = partitioning.global_batch(family.make_batch(cfg, batch, inputs, targets), mesh,
-                                     rules)
-    step_fn = trainer.make_train_step(model, optimizer, lr, layout,
-                                      nonfinite_policy=nonfinite_policy)
+    data = partitioning.global_batch(family.make_batch(cfg, batch, inputs, targets), mesh, rules)
+    step_fn = trainer.make_train_step(
+        model, optimizer, lr, layout, nonfinite_policy=nonfinite_policy
+    )
     return BuiltStep(family, layout, state, data, step_fn, jax.random.key(1))
 
 
@@ -125,22 +137,35 @@ def xla_step_bytes(compiled: Any) -> int | None:
     memory = compiled.memory_analysis()
     if memory is None:
         return None
-    return int(memory.temp_size_in_bytes + memory.argument_size_in_bytes
-               + memory.output_size_in_bytes - memory.alias_size_in_bytes)
+    return int(
+        memory.temp_size_in_bytes
+        + memory.argument_size_in_bytes
+        + memory.output_size_in_bytes
+        - memory.alias_size_in_bytes
+    )
 
 
-def run(cfg: Any, batch: int, inputs: int, targets: int, steps: int,
-        mesh_shape: tuple[int, int] | None = None, layout_name: str = "auto",
-        loss_chunk_length: int | None = None, profile_dir: str | None = None,
-        nonfinite_policy: str = "stop",
-        alongside: interleave.StepServer | None = None) -> dict[str, Any]:
+def run(
+    cfg: Any,
+    batch: int,
+    inputs: int,
+    targets: int,
+    steps: int,
+    mesh_shape: tuple[int, int] | None = None,
+    layout_name: str = "auto",
+    loss_chunk_length: int | None = None,
+    profile_dir: str | None = None,
+    nonfinite_policy: str = "stop",
+    alongside: interleave.StepServer | None = None,
+) -> dict[str, Any]:
     """Time the trainer's own sharded step (the one `t5x_like.train` runs) on the given mesh,
     for the family `cfg` belongs to; with `profile_dir`, also trace two more steps there and
     summarise their XLA ops (`benchmarks.op_profile`). With `alongside` (another process's
     step), `steps` rounds alternate the two (`benchmarks.interleave`): `interleaved` holds the
     other's times and the per-round ratio other / ours (> 1: ours is faster)."""
-    built = build_step(cfg, batch, inputs, targets, mesh_shape, layout_name, loss_chunk_length,
-                       nonfinite_policy)
+    built = build_step(
+        cfg, batch, inputs, targets, mesh_shape, layout_name, loss_chunk_length, nonfinite_policy
+    )
     family, mesh = built.family, built.layout.mesh
 
     t = time.perf_counter()
@@ -156,8 +181,9 @@ def run(cfg: Any, batch: int, inputs: int, targets: int, steps: int,
     on_cpu = jax.devices()[0].platform == "cpu"
     rates: list[float] = []
     if on_cpu:
-        probe_server = interleave.StepServer(matmul_probe.command(cfg.dtype, PROBE_SIZE),
-                                             name="matmul probe")
+        probe_server = interleave.StepServer(
+            matmul_probe.command(cfg.dtype, PROBE_SIZE), name="matmul probe"
+        )
         probe_server.wait_ready()
 
         def probe() -> float:
@@ -179,9 +205,13 @@ def run(cfg: Any, batch: int, inputs: int, targets: int, steps: int,
         times = [measured_step() for _ in range(steps)]
     else:  # `steps` rounds A B B A against the other process's step
         times, other_times, ratios = interleave.alternate(measured_step, alongside.step, steps)
-        interleaved = {"rounds": steps, "other_steps_s": other_times, "ratios": ratios,
-                       "other_step_s_median": statistics.median(other_times),
-                       **interleave.quartiles(ratios)}
+        interleaved = {
+            "rounds": steps,
+            "other_steps_s": other_times,
+            "ratios": ratios,
+            "other_step_s_median": statistics.median(other_times),
+            **interleave.quartiles(ratios),
+        }
     step_s = statistics.median(times)
     loss = one_step.metrics["loss"]
     op_profile_summary = None
@@ -210,7 +240,10 @@ def run(cfg: Any, batch: int, inputs: int, targets: int, steps: int,
     return {
         "family": getattr(cfg, "FAMILY", "t5"),
         "params": count_params(params),
-        "batch": batch, "inputs": inputs, "targets": targets, "dtype": cfg.dtype,
+        "batch": batch,
+        "inputs": inputs,
+        "targets": targets,
+        "dtype": cfg.dtype,
         "loss_chunk_length": loss_chunk_length,
         "remat_policy": getattr(cfg, "remat_policy", "none"),
         "scan_layers": getattr(cfg, "scan_layers", False),
@@ -241,8 +274,9 @@ def run(cfg: Any, batch: int, inputs: int, targets: int, steps: int,
     }
 
 
-def paired_mfu(model_flops: float, step_times: list[float],
-               matmul_rates: list[float]) -> dict[str, float]:
+def paired_mfu(
+    model_flops: float, step_times: list[float], matmul_rates: list[float]
+) -> dict[str, float]:
     """MFU of each step against the mean matmul rate sampled just before and just after it:
     median and quartiles.
 
@@ -254,10 +288,15 @@ def paired_mfu(model_flops: float, step_times: list[float],
     apart). Pairing each step with the rate around it cancels most of that; both numbers are
     reported, and a step that straddles a switch still adds spread."""
     mfus = [model_flops / t / r for t, r in zip(step_times, matmul_rates)]
-    q1, median, q3 = (statistics.quantiles(mfus, n=4, method="inclusive") if len(mfus) > 1
-                      else mfus * 3)
-    return {"median": median, "q1": q1, "q3": q3,
-            "matmul_rate_median": statistics.median(matmul_rates)}
+    q1, median, q3 = (
+        statistics.quantiles(mfus, n=4, method="inclusive") if len(mfus) > 1 else mfus * 3
+    )
+    return {
+        "median": median,
+        "q1": q1,
+        "q3": q3,
+        "matmul_rate_median": statistics.median(matmul_rates),
+    }
 
 
 def _fmt_bytes(n: int | None) -> str:
@@ -267,50 +306,90 @@ def _fmt_bytes(n: int | None) -> str:
 def print_table(result: dict[str, Any]) -> None:
     rows = [
         ("parameters", f"{result['params']:,}"),
-        ("batch x (inputs + targets)",
-         f"{result['batch']} x ({result['inputs']} + {result['targets']}), {result['dtype']}"),
+        (
+            "batch x (inputs + targets)",
+            f"{result['batch']} x ({result['inputs']} + {result['targets']}), {result['dtype']}",
+        ),
         # BERT reads `inputs` tokens and predicts `targets` of them; the others read both
         ("tokens per step", f"{result['tokens_per_step']:,}"),
-        ("remat policy", result["remat_policy"] + (", scanned layers" if result["scan_layers"]
-                                                   else "")),
-        ("loss", "whole logits" if not result["loss_chunk_length"]
-         else f"chunks of {result['loss_chunk_length']} positions"),
+        (
+            "remat policy",
+            result["remat_policy"] + (", scanned layers" if result["scan_layers"] else ""),
+        ),
+        (
+            "loss",
+            "whole logits"
+            if not result["loss_chunk_length"]
+            else f"chunks of {result['loss_chunk_length']} positions",
+        ),
         ("compile time", f"{result['compile_s']:.2f} s"),
         ("median step time", f"{result['step_s_median'] * 1e3:.1f} ms"),
         ("tokens/s", f"{result['tokens_per_s']:,.0f}"),
-        ("model FLOPs per step", f"{result['flops_per_step']:.3e} (hand count; XLA's "
-                                 f"{result['xla_flops_per_step']:.3e})"),
-        (f"peak ({result['peak_source']}, all devices)",
-         f"{result['peak_matmul_flops_per_s'] / 1e9:,.1f} GFLOP/s"),
+        (
+            "model FLOPs per step",
+            f"{result['flops_per_step']:.3e} (hand count; XLA's "
+            f"{result['xla_flops_per_step']:.3e})",
+        ),
+        (
+            f"peak ({result['peak_source']}, all devices)",
+            f"{result['peak_matmul_flops_per_s'] / 1e9:,.1f} GFLOP/s",
+        ),
         ("MFU", f"{100 * result['mfu']:.1f} %"),
-        *([("MFU, paired per step",
-            f"median {100 * paired['median']:.1f} % (interquartile {100 * paired['q1']:.1f} "
-            f".. {100 * paired['q3']:.1f} %; median rate "
-            f"{paired['matmul_rate_median'] / 1e9:,.1f} GFLOP/s)")]
-          if (paired := result.get("mfu_paired")) else []),
+        *(
+            [
+                (
+                    "MFU, paired per step",
+                    f"median {100 * paired['median']:.1f} % "
+                    f"(interquartile {100 * paired['q1']:.1f} .. {100 * paired['q3']:.1f} %; "
+                    "median rate "
+                    f"{paired['matmul_rate_median'] / 1e9:,.1f} GFLOP/s)",
+                )
+            ]
+            if (paired := result.get("mfu_paired"))
+            else []
+        ),
         ("XLA step memory", _fmt_bytes(result["xla_step_bytes"])),
         ("device peak memory", _fmt_bytes(result["device_peak_bytes"])),
         ("host max RSS", _fmt_bytes(result["host_max_rss_bytes"])),
-        ("device", f"{result['device']} x{result['num_devices']}, mesh {result['mesh']}, "
-                   f"layout {result['layout']}"),
+        (
+            "device",
+            f"{result['device']} x{result['num_devices']}, mesh {result['mesh']}, "
+            f"layout {result['layout']}",
+        ),
     ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
 
 
-def start_hf_reference(cfg: Any, batch: int, inputs: int, targets: int,
-                       out: str) -> interleave.StepServer:
+def start_hf_reference(
+    cfg: Any, batch: int, inputs: int, targets: int, out: str
+) -> interleave.StepServer:
     """HuggingFace's PyTorch model of the same family, dimensions and batch in its own process
     (`benchmarks.hf_step --serve`, as many threads as this host has cores), built and warmed
     up, waiting to be asked for steps; it writes its description to `out` when closed."""
     family = next(f for f in FAMILIES.values() if isinstance(cfg, f.config_class))
     server = interleave.StepServer(
-        [sys.executable, "-m", "benchmarks.hf_step", "--serve",
-         "--hf_config", json.dumps(family.hf_config(cfg)), "--batch", str(batch),
-         "--inputs", str(inputs),
-         "--targets", str(targets), "--threads", str(os.cpu_count() or 1), "--out", out],
-        name="HuggingFace reference")
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.hf_step",
+            "--serve",
+            "--hf_config",
+            json.dumps(family.hf_config(cfg)),
+            "--batch",
+            str(batch),
+            "--inputs",
+            str(inputs),
+            "--targets",
+            str(targets),
+            "--threads",
+            str(os.cpu_count() or 1),
+            "--out",
+            out,
+        ],
+        name="HuggingFace reference",
+    )
     server.wait_ready()  # before our compile, so neither slows the other's start
     return server
 
@@ -318,28 +397,41 @@ def start_hf_reference(cfg: Any, batch: int, inputs: int, targets: int,
 def hf_result(result: dict[str, Any], described: dict[str, Any]) -> dict[str, Any]:
     """The reference column: HF's step times as measured in the interleaved run."""
     step_s = result["interleaved"]["other_step_s_median"]
-    return {**described, "step_s_median": step_s,
-            "tokens_per_s": result["tokens_per_step"] / step_s,
-            "mfu": result["flops_per_step"] / step_s / result["peak_matmul_flops_per_s"]}
+    return {
+        **described,
+        "step_s_median": step_s,
+        "tokens_per_s": result["tokens_per_step"] / step_s,
+        "mfu": result["flops_per_step"] / step_s / result["peak_matmul_flops_per_s"],
+    }
 
 
 def print_hf_comparison(result: dict[str, Any]) -> None:
     hf = result["hf"]
-    rows = [("", "t5x_like", f"HF {hf['model']} ({hf['threads']} threads)"),
-            ("parameters", f"{result['params']:,}", f"{hf['params']:,}"),
-            ("median step time", f"{result['step_s_median'] * 1e3:.1f} ms",
-             f"{hf['step_s_median'] * 1e3:.1f} ms"),
-            ("tokens/s", f"{result['tokens_per_s']:,.0f}", f"{hf['tokens_per_s']:,.0f}"),
-            ("MFU", f"{100 * result['mfu']:.1f} %", f"{100 * hf['mfu']:.1f} %"),
-            ("host max RSS", _fmt_bytes(result["host_max_rss_bytes"]),
-             _fmt_bytes(hf["host_max_rss_bytes"]))]
+    rows = [
+        ("", "t5x_like", f"HF {hf['model']} ({hf['threads']} threads)"),
+        ("parameters", f"{result['params']:,}", f"{hf['params']:,}"),
+        (
+            "median step time",
+            f"{result['step_s_median'] * 1e3:.1f} ms",
+            f"{hf['step_s_median'] * 1e3:.1f} ms",
+        ),
+        ("tokens/s", f"{result['tokens_per_s']:,.0f}", f"{hf['tokens_per_s']:,.0f}"),
+        ("MFU", f"{100 * result['mfu']:.1f} %", f"{100 * hf['mfu']:.1f} %"),
+        (
+            "host max RSS",
+            _fmt_bytes(result["host_max_rss_bytes"]),
+            _fmt_bytes(hf["host_max_rss_bytes"]),
+        ),
+    ]
     print()
     for what, ours, theirs in rows:
         print(f"{what:<18}  {ours:>18}  {theirs:>36}")
     rounds = result["interleaved"]
-    print(f"speed ratio (t5x_like / HF tokens/s), per round of {rounds['rounds']} interleaved "
-          f"A B B A rounds: median {rounds['ratio_median']:.3f}x "
-          f"(interquartile {rounds['ratio_q1']:.3f} .. {rounds['ratio_q3']:.3f})")
+    print(
+        f"speed ratio (t5x_like / HF tokens/s), per round of {rounds['rounds']} interleaved "
+        f"A B B A rounds: median {rounds['ratio_median']:.3f}x "
+        f"(interquartile {rounds['ratio_q1']:.3f} .. {rounds['ratio_q3']:.3f})"
+    )
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -350,17 +442,34 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--inputs", type=int, default=512)
     parser.add_argument("--targets", type=int, default=128)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--gin_file", action="append", default=[],
-                        help="model gin file(s) instead of the benchmark config")
-    parser.add_argument("--gin", action="append", default=[], dest="bindings",
-                        help="gin binding over the benchmark config (or after --gin_file), "
-                             "e.g. --gin T5Config.num_encoder_layers=2")
-    parser.add_argument("--remat_policy", default="none",
-                        help="none | full | dots | dots_no_batch | save_qkv_proj")
-    parser.add_argument("--scan_layers", action="store_true",
-                        help="each stack as one nn.scan (compile time flat in depth)")
-    parser.add_argument("--num_layers", type=int, default=None,
-                        help="encoder and decoder depth (default: the config's)")
+    parser.add_argument(
+        "--gin_file",
+        action="append",
+        default=[],
+        help="model gin file(s) instead of the benchmark config",
+    )
+    parser.add_argument(
+        "--gin",
+        action="append",
+        default=[],
+        dest="bindings",
+        help="gin binding over the benchmark config (or after --gin_file), "
+        "e.g. --gin T5Config.num_encoder_layers=2",
+    )
+    parser.add_argument(
+        "--remat_policy", default="none", help="none | full | dots | dots_no_batch | save_qkv_proj"
+    )
+    parser.add_argument(
+        "--scan_layers",
+        action="store_true",
+        help="each stack as one nn.scan (compile time flat in depth)",
+    )
+    parser.add_argument(
+        "--num_layers",
+        type=int,
+        default=None,
+        help="encoder and decoder depth (default: the config's)",
+    )
 
 
 def model_config(args: argparse.Namespace) -> Any:
@@ -380,9 +489,12 @@ def model_config(args: argparse.Namespace) -> Any:
                 raise SystemExit(f"--{name}: {type(cfg).__name__} has no {name}.")
             changes[name] = value
     if args.num_layers:
-        depth = (("num_encoder_layers", "num_decoder_layers") if isinstance(cfg, T5Config)
-                 else ("num_layers",))
-        changes.update({name: args.num_layers for name in depth})
+        depth = (
+            ("num_encoder_layers", "num_decoder_layers")
+            if isinstance(cfg, T5Config)
+            else ("num_layers",)
+        )
+        changes.update(dict.fromkeys(depth, args.num_layers))
     return dataclasses.replace(cfg, **changes)
 
 
@@ -390,26 +502,42 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_model_arguments(parser)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--loss_chunk_length", type=int, default=None,
-                        help="chunked cross-entropy, this many target positions at a time")
+    parser.add_argument(
+        "--loss_chunk_length",
+        type=int,
+        default=None,
+        help="chunked cross-entropy, this many target positions at a time",
+    )
     parser.add_argument("--mesh_shape", default=None, help="data,model (default: all on data)")
-    parser.add_argument("--layout", default="auto",
-                        help="data_parallel | model_parallel | fsdp | auto")
-    parser.add_argument("--compare-hf", dest="compare_hf", action="store_true",
-                        help="also time HuggingFace's PyTorch model of the same family and "
-                             "dimensions (needs the test extra: torch, transformers)")
-    parser.add_argument("--profile", metavar="DIR", default=None,
-                        help="also trace two steps into DIR and print the time per XLA op")
-    parser.add_argument("--nonfinite_policy", default="stop", choices=trainer.NONFINITE_POLICIES,
-                        help="the step's NaN/Inf guard (train.nonfinite_policy); 'none' = no "
-                             "guard, to measure its cost")
+    parser.add_argument(
+        "--layout", default="auto", help="data_parallel | model_parallel | fsdp | auto"
+    )
+    parser.add_argument(
+        "--compare-hf",
+        dest="compare_hf",
+        action="store_true",
+        help="also time HuggingFace's PyTorch model of the same family and "
+        "dimensions (needs the test extra: torch, transformers)",
+    )
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        default=None,
+        help="also trace two steps into DIR and print the time per XLA op",
+    )
+    parser.add_argument(
+        "--nonfinite_policy",
+        default="stop",
+        choices=trainer.NONFINITE_POLICIES,
+        help="the step's NaN/Inf guard (train.nonfinite_policy); 'none' = no "
+        "guard, to measure its cost",
+    )
     parser.add_argument("--out", default="benchmarks/results/train_throughput.json")
     args = parser.parse_args(argv)
 
     cfg = model_config(args)
     if args.compare_hf and args.steps < 2:
-        parser.error("--compare-hf needs --steps >= 2 (rounds; the ratio's spread uses "
-                     "quartiles).")
+        parser.error("--compare-hf needs --steps >= 2 (rounds; the ratio's spread uses quartiles).")
     if args.compare_hf:
         try:
             FAMILIES[args.family].hf_config(cfg)
@@ -418,12 +546,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     mesh_shape = tuple(int(x) for x in args.mesh_shape.split(",")) if args.mesh_shape else None
     with tempfile.TemporaryDirectory() as tmp:
         hf_out = os.path.join(tmp, "hf.json")
-        hf = (start_hf_reference(cfg, args.batch, args.inputs, args.targets, hf_out)
-              if args.compare_hf else None)
+        hf = (
+            start_hf_reference(cfg, args.batch, args.inputs, args.targets, hf_out)
+            if args.compare_hf
+            else None
+        )
         try:
-            result = run(cfg, args.batch, args.inputs, args.targets, args.steps, mesh_shape,
-                         args.layout, args.loss_chunk_length, args.profile,
-                         args.nonfinite_policy, alongside=hf)
+            result = run(
+                cfg,
+                args.batch,
+                args.inputs,
+                args.targets,
+                args.steps,
+                mesh_shape,
+                args.layout,
+                args.loss_chunk_length,
+                args.profile,
+                args.nonfinite_policy,
+                alongside=hf,
+            )
         finally:
             if hf is not None:
                 hf.close()

@@ -62,22 +62,41 @@ def random_document(num_documents: int, own: int, rng: np.random.Generator) -> i
     return index
 
 
-def sentence_pair_instances(documents: Sequence[Sequence[Sequence[int]]], max_seq_length: int,
-                            cls_id: int, sep_id: int, rng: np.random.Generator,
-                            short_seq_prob: float = 0.1,
-                            skip_single_sentence_chunks: bool = False) -> list[PairInstance]:
+def sentence_pair_instances(
+    documents: Sequence[Sequence[Sequence[int]]],
+    max_seq_length: int,
+    cls_id: int,
+    sep_id: int,
+    rng: np.random.Generator,
+    short_seq_prob: float = 0.1,
+    skip_single_sentence_chunks: bool = False,
+) -> list[PairInstance]:
     """Every document's sentence-pair instances, the random B drawn from all `documents`."""
     out: list[PairInstance] = []
     for d in range(len(documents)):
-        out += document_instances(documents, d, max_seq_length, cls_id, sep_id, rng,
-                                  short_seq_prob, skip_single_sentence_chunks)
+        out += document_instances(
+            documents,
+            d,
+            max_seq_length,
+            cls_id,
+            sep_id,
+            rng,
+            short_seq_prob,
+            skip_single_sentence_chunks,
+        )
     return out
 
 
-def document_instances(documents: Sequence[Sequence[Sequence[int]]], d: int,
-                       max_seq_length: int, cls_id: int, sep_id: int,
-                       rng: np.random.Generator, short_seq_prob: float = 0.1,
-                       skip_single_sentence_chunks: bool = False) -> list[PairInstance]:
+def document_instances(
+    documents: Sequence[Sequence[Sequence[int]]],
+    d: int,
+    max_seq_length: int,
+    cls_id: int,
+    sep_id: int,
+    rng: np.random.Generator,
+    short_seq_prob: float = 0.1,
+    skip_single_sentence_chunks: bool = False,
+) -> list[PairInstance]:
     """Document `d`'s instances (the reference's `create_instances_from_document`)."""
     document = documents[d]
     max_tokens = max_seq_length - 3  # [CLS], [SEP], [SEP]
@@ -100,7 +119,7 @@ def document_instances(documents: Sequence[Sequence[Sequence[int]]], d: int,
                 if len(chunk) == 1 or rng.random() < 0.5:  # random next
                     other = random_document(len(documents), d, rng)
                     sentences = documents[other]
-                    for sentence in sentences[int(rng.integers(0, len(sentences))):]:
+                    for sentence in sentences[int(rng.integers(0, len(sentences))) :]:
                         b.extend(sentence)
                         if len(b) >= target - len(a):
                             break
@@ -139,10 +158,16 @@ def random_token(vocab_size: int, rng: np.random.Generator, padding_id: int = PA
     return token + int(token >= padding_id)
 
 
-def mask_tokens(tokens: Sequence[int], special_ids: Sequence[int], mask_id: int,
-                vocab_size: int, max_predictions: int, rng: np.random.Generator,
-                pieces: Sequence[str] | None = None,
-                whole_word: bool = False) -> tuple[list[int], list[int], list[int]]:
+def mask_tokens(
+    tokens: Sequence[int],
+    special_ids: Sequence[int],
+    mask_id: int,
+    vocab_size: int,
+    max_predictions: int,
+    rng: np.random.Generator,
+    pieces: Sequence[str] | None = None,
+    whole_word: bool = False,
+) -> tuple[list[int], list[int], list[int]]:
     """(masked tokens, predicted positions (sorted), original ids at those positions).
 
     `tokens` is one unpadded instance: the number predicted counts all of them, as the

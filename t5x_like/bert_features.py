@@ -43,35 +43,57 @@ class PretrainingFeatureConverter(_BertConverter):
 
     TASK_FEATURES = {"inputs": Spec(INT), "targets": Spec(INT)}
     MODEL_FEATURES = {
-        "input_ids": Spec(INT), "segment_ids": Spec(INT), "input_mask": Spec(INT),
-        "masked_lm_positions": Spec(INT), "masked_lm_ids": Spec(INT),
-        "masked_lm_weights": Spec(FLOAT), "next_sentence_labels": Spec(INT, rank=0),
+        "input_ids": Spec(INT),
+        "segment_ids": Spec(INT),
+        "input_mask": Spec(INT),
+        "masked_lm_positions": Spec(INT),
+        "masked_lm_ids": Spec(INT),
+        "masked_lm_weights": Spec(FLOAT),
+        "next_sentence_labels": Spec(INT, rank=0),
     }
 
-    def _convert_features(self, ds: tf.data.Dataset,
-                          task_feature_lengths: Mapping[str, int]) -> tf.data.Dataset:
+    def _convert_features(
+        self, ds: tf.data.Dataset, task_feature_lengths: Mapping[str, int]
+    ) -> tf.data.Dataset:
         length, predictions = task_feature_lengths["inputs"], task_feature_lengths["targets"]
-        ds = seqio.utils.trim_and_pad_dataset(ds, {
-            "inputs": length, "segment_ids": length, "targets": predictions,
-            "masked_lm_positions": predictions})
+        ds = seqio.utils.trim_and_pad_dataset(
+            ds,
+            {
+                "inputs": length,
+                "segment_ids": length,
+                "targets": predictions,
+                "masked_lm_positions": predictions,
+            },
+        )
 
         def convert(ex):
-            return self._with_mask({
-                "input_ids": ex["inputs"], "segment_ids": ex["segment_ids"],
-                "masked_lm_positions": ex["masked_lm_positions"],
-                "masked_lm_ids": ex["targets"],
-                # Position 0 is [CLS], never predicted: a 0 position is padding.
-                "masked_lm_weights": tf.cast(ex["masked_lm_positions"] > 0, FLOAT),
-                "next_sentence_labels": ex["next_sentence_labels"]})
+            return self._with_mask(
+                {
+                    "input_ids": ex["inputs"],
+                    "segment_ids": ex["segment_ids"],
+                    "masked_lm_positions": ex["masked_lm_positions"],
+                    "masked_lm_ids": ex["targets"],
+                    # Position 0 is [CLS], never predicted: a 0 position is padding.
+                    "masked_lm_weights": tf.cast(ex["masked_lm_positions"] > 0, FLOAT),
+                    "next_sentence_labels": ex["next_sentence_labels"],
+                }
+            )
 
         return ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE)
 
-    def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]
-                                  ) -> Mapping[str, int]:
+    def get_model_feature_lengths(
+        self, task_feature_lengths: Mapping[str, int]
+    ) -> Mapping[str, int]:
         length, predictions = task_feature_lengths["inputs"], task_feature_lengths["targets"]
-        return {"input_ids": length, "segment_ids": length, "input_mask": length,
-                "masked_lm_positions": predictions, "masked_lm_ids": predictions,
-                "masked_lm_weights": predictions, "next_sentence_labels": 1}
+        return {
+            "input_ids": length,
+            "segment_ids": length,
+            "input_mask": length,
+            "masked_lm_positions": predictions,
+            "masked_lm_ids": predictions,
+            "masked_lm_weights": predictions,
+            "next_sentence_labels": 1,
+        }
 
 
 class _SequenceConverter(_BertConverter):
@@ -82,30 +104,43 @@ class _SequenceConverter(_BertConverter):
 
     @property
     def MODEL_FEATURES(self) -> dict[str, Spec]:  # noqa: N802 - seqio's attribute name
-        features = {"input_ids": Spec(INT), "segment_ids": Spec(INT), "input_mask": Spec(INT),
-                    "label_weights": Spec(FLOAT, rank=0)}
+        features = {
+            "input_ids": Spec(INT),
+            "segment_ids": Spec(INT),
+            "input_mask": Spec(INT),
+            "label_weights": Spec(FLOAT, rank=0),
+        }
         features.update({k: Spec(dtype, rank=0) for k, dtype in self.SCALARS.items()})
         return features
 
-    def _convert_features(self, ds: tf.data.Dataset,
-                          task_feature_lengths: Mapping[str, int]) -> tf.data.Dataset:
+    def _convert_features(
+        self, ds: tf.data.Dataset, task_feature_lengths: Mapping[str, int]
+    ) -> tf.data.Dataset:
         length = task_feature_lengths["inputs"]
         ds = seqio.utils.trim_and_pad_dataset(ds, {"inputs": length, "segment_ids": length})
 
         def convert(ex):
-            out = {"input_ids": ex["inputs"], "segment_ids": ex["segment_ids"],
-                   "label_weights": tf.constant(1.0, FLOAT)}
+            out = {
+                "input_ids": ex["inputs"],
+                "segment_ids": ex["segment_ids"],
+                "label_weights": tf.constant(1.0, FLOAT),
+            }
             out.update({k: tf.cast(ex[k], dtype) for k, dtype in self.SCALARS.items()})
             return self._with_mask(out)
 
         return ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE)
 
-    def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]
-                                  ) -> Mapping[str, int]:
+    def get_model_feature_lengths(
+        self, task_feature_lengths: Mapping[str, int]
+    ) -> Mapping[str, int]:
         length = task_feature_lengths["inputs"]
-        lengths = {"input_ids": length, "segment_ids": length, "input_mask": length,
-                   "label_weights": 1}
-        lengths.update({k: 1 for k in self.SCALARS})
+        lengths = {
+            "input_ids": length,
+            "segment_ids": length,
+            "input_mask": length,
+            "label_weights": 1,
+        }
+        lengths.update(dict.fromkeys(self.SCALARS, 1))
         return lengths
 
 
@@ -125,56 +160,83 @@ class MultipleChoiceFeatureConverter(_BertConverter):
     """Each example holds `num_choices` framed sequences, (choices, length)."""
 
     TASK_FEATURES = {"inputs": Spec(INT, rank=2, sequence_dim=1)}
-    MODEL_FEATURES = {"input_ids": Spec(INT, rank=2, sequence_dim=1),
-                      "segment_ids": Spec(INT, rank=2, sequence_dim=1),
-                      "input_mask": Spec(INT, rank=2, sequence_dim=1),
-                      "label": Spec(FLOAT, rank=0), "label_weights": Spec(FLOAT, rank=0)}
+    MODEL_FEATURES = {
+        "input_ids": Spec(INT, rank=2, sequence_dim=1),
+        "segment_ids": Spec(INT, rank=2, sequence_dim=1),
+        "input_mask": Spec(INT, rank=2, sequence_dim=1),
+        "label": Spec(FLOAT, rank=0),
+        "label_weights": Spec(FLOAT, rank=0),
+    }
 
     def __init__(self, num_choices: int) -> None:
         self.num_choices = num_choices
         super().__init__()
 
-    def _convert_features(self, ds: tf.data.Dataset,
-                          task_feature_lengths: Mapping[str, int]) -> tf.data.Dataset:
+    def _convert_features(
+        self, ds: tf.data.Dataset, task_feature_lengths: Mapping[str, int]
+    ) -> tf.data.Dataset:
         shape = (self.num_choices, task_feature_lengths["inputs"])
         ds = seqio.utils.trim_and_pad_dataset(ds, {"inputs": shape, "segment_ids": shape})
 
         def convert(ex):
-            return self._with_mask({"input_ids": ex["inputs"], "segment_ids": ex["segment_ids"],
-                                    "label": tf.cast(ex["label"], FLOAT),
-                                    "label_weights": tf.constant(1.0, FLOAT)})
+            return self._with_mask(
+                {
+                    "input_ids": ex["inputs"],
+                    "segment_ids": ex["segment_ids"],
+                    "label": tf.cast(ex["label"], FLOAT),
+                    "label_weights": tf.constant(1.0, FLOAT),
+                }
+            )
 
         return ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE)
 
-    def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]
-                                  ) -> Mapping[str, int]:
+    def get_model_feature_lengths(
+        self, task_feature_lengths: Mapping[str, int]
+    ) -> Mapping[str, int]:
         length = task_feature_lengths["inputs"]
-        return {"input_ids": length, "segment_ids": length, "input_mask": length,
-                "label": 1, "label_weights": 1}
+        return {
+            "input_ids": length,
+            "segment_ids": length,
+            "input_mask": length,
+            "label": 1,
+            "label_weights": 1,
+        }
 
 
 class TaggingFeatureConverter(_BertConverter):
     """A label per token; `label_weights` is 1 on each word's first piece, 0 elsewhere."""
 
     TASK_FEATURES = {"inputs": Spec(INT)}
-    MODEL_FEATURES = {"input_ids": Spec(INT), "segment_ids": Spec(INT),
-                      "input_mask": Spec(INT), "labels": Spec(INT),
-                      "label_weights": Spec(FLOAT)}
+    MODEL_FEATURES = {
+        "input_ids": Spec(INT),
+        "segment_ids": Spec(INT),
+        "input_mask": Spec(INT),
+        "labels": Spec(INT),
+        "label_weights": Spec(FLOAT),
+    }
 
-    def _convert_features(self, ds: tf.data.Dataset,
-                          task_feature_lengths: Mapping[str, int]) -> tf.data.Dataset:
+    def _convert_features(
+        self, ds: tf.data.Dataset, task_feature_lengths: Mapping[str, int]
+    ) -> tf.data.Dataset:
         length = task_feature_lengths["inputs"]
-        ds = seqio.utils.trim_and_pad_dataset(ds, {k: length for k in (
-            "inputs", "segment_ids", "labels", "label_weights")})
+        ds = seqio.utils.trim_and_pad_dataset(
+            ds, dict.fromkeys(("inputs", "segment_ids", "labels", "label_weights"), length)
+        )
 
         def convert(ex):
-            return self._with_mask({"input_ids": ex["inputs"], "segment_ids": ex["segment_ids"],
-                                    "labels": ex["labels"],
-                                    "label_weights": tf.cast(ex["label_weights"], FLOAT)})
+            return self._with_mask(
+                {
+                    "input_ids": ex["inputs"],
+                    "segment_ids": ex["segment_ids"],
+                    "labels": ex["labels"],
+                    "label_weights": tf.cast(ex["label_weights"], FLOAT),
+                }
+            )
 
         return ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE)
 
-    def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]
-                                  ) -> Mapping[str, int]:
+    def get_model_feature_lengths(
+        self, task_feature_lengths: Mapping[str, int]
+    ) -> Mapping[str, int]:
         length = task_feature_lengths["inputs"]
-        return {k: length for k in self.MODEL_FEATURES}
+        return dict.fromkeys(self.MODEL_FEATURES, length)

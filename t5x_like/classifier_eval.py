@@ -20,19 +20,32 @@ def _batches(ds, batch_size: int) -> Iterator[tuple[int, dict[str, np.ndarray]]]
     for batch in ds.batch(batch_size).as_numpy_iterator():
         n = len(next(iter(batch.values())))
         if n < batch_size:
-            batch = {k: np.concatenate([v, np.repeat(v[-1:], batch_size - n, axis=0)])
-                     for k, v in batch.items()}
+            batch = {
+                k: np.concatenate([v, np.repeat(v[-1:], batch_size - n, axis=0)])
+                for k, v in batch.items()
+            }
         yield n, batch
 
 
-def predictions_and_targets(model: Any, params: Any, task_name: str, split: str,
-                            feature_lengths: Mapping[str, int], batch_size: int,
-                            max_examples: int | None = None) -> tuple[list, list]:
+def predictions_and_targets(
+    model: Any,
+    params: Any,
+    task_name: str,
+    split: str,
+    feature_lengths: Mapping[str, int],
+    batch_size: int,
+    max_examples: int | None = None,
+) -> tuple[list, list]:
     """Per example: (prediction, target). Tagging models give the tags of the scored tokens
     (each word's first piece) as lists."""
-    ds = seqio.get_dataset(task_name, dict(feature_lengths),
-                           feature_converter=model.feature_converter(False),
-                           dataset_split=split, shuffle=False, num_epochs=1)
+    ds = seqio.get_dataset(
+        task_name,
+        dict(feature_lengths),
+        feature_converter=model.feature_converter(False),
+        dataset_split=split,
+        shuffle=False,
+        num_epochs=1,
+    )
     if max_examples:
         ds = ds.take(max_examples)
     ds = ds.map(lambda ex: {k: ex[k] for k in model.FEATURES if k in ex})
@@ -57,19 +70,27 @@ def predictions_and_targets(model: Any, params: Any, task_name: str, split: str,
     return predictions, targets
 
 
-def evaluate_task(model: Any, params: Any, task_name: str, split: str,
-                  feature_lengths: Mapping[str, int], batch_size: int,
-                  max_examples: int | None = None) -> dict[str, float]:
+def evaluate_task(
+    model: Any,
+    params: Any,
+    task_name: str,
+    split: str,
+    feature_lengths: Mapping[str, int],
+    batch_size: int,
+    max_examples: int | None = None,
+) -> dict[str, float]:
     """The task's metrics (e.g. accuracy, F1, MCC, Pearson/Spearman) on `split`; SQuAD's EM
     and F1 for a span model (`squad_eval`)."""
     if "start_position" in model.FEATURES:
         from t5x_like import squad_eval
 
-        return squad_eval.evaluate_task(model, params, task_name, split, feature_lengths,
-                                        batch_size, max_examples)
+        return squad_eval.evaluate_task(
+            model, params, task_name, split, feature_lengths, batch_size, max_examples
+        )
     task = seqio.get_mixture_or_task(task_name)
-    predictions, targets = predictions_and_targets(model, params, task_name, split,
-                                                   feature_lengths, batch_size, max_examples)
+    predictions, targets = predictions_and_targets(
+        model, params, task_name, split, feature_lengths, batch_size, max_examples
+    )
     scores: dict[str, float] = {}
     if not targets:
         return scores

@@ -10,8 +10,7 @@ import os
 import sys
 from typing import Any, Callable, Sequence
 
-from t5x_like import errors, gin_setup
-from t5x_like import distributed, host_runtime, run_health
+from t5x_like import distributed, errors, gin_setup, host_runtime
 
 
 def parse_args(argv: Sequence[str], description: str) -> tuple[list[str], list[str]]:
@@ -19,14 +18,19 @@ def parse_args(argv: Sequence[str], description: str) -> tuple[list[str], list[s
     parser = argparse.ArgumentParser(
         description=description,
         epilog="Bindings: --gin.KEY=VALUE, e.g. --gin.MODEL_DIR=/tmp/run "
-               "--gin.T5Config.dropout_rate=0.0 --gin.train.batch_size=64")
-    parser.add_argument("--gin_file", action="append", default=[],
-                        help="gin file; repeat for several (later ones override)")
+        "--gin.T5Config.dropout_rate=0.0 --gin.train.batch_size=64",
+    )
+    parser.add_argument(
+        "--gin_file",
+        action="append",
+        default=[],
+        help="gin file; repeat for several (later ones override)",
+    )
     args, rest = parser.parse_known_args(argv)
     bindings = []
     for arg in rest:
         if arg.startswith("--gin.") and "=" in arg:
-            bindings.append(arg[len("--gin."):])
+            bindings.append(arg[len("--gin.") :])
         else:
             parser.error(f"unrecognised argument {arg!r}; gin bindings are --gin.KEY=VALUE")
     return args.gin_file, bindings
@@ -45,8 +49,10 @@ def run(entry: Callable[[], Any], argv: Sequence[str] | None, description: str) 
     files, bindings = parse_args(sys.argv[1:] if argv is None else argv, description)
     for path in files:
         if not os.path.exists(path):
-            print(f"error: gin file {path} does not exist (paths are relative to "
-                  f"{os.getcwd()}).", file=sys.stderr)
+            print(
+                f"error: gin file {path} does not exist (paths are relative to {os.getcwd()}).",
+                file=sys.stderr,
+            )
             return 2
     try:
         gin_setup.parse_gin(files, bindings)
@@ -55,9 +61,11 @@ def run(entry: Callable[[], Any], argv: Sequence[str] | None, description: str) 
         print(f"error: {e}", file=sys.stderr)
         return 2
     except (ValueError, SyntaxError) as e:
-        print(f"error: bad gin configuration: {e}\nCheck the binding's spelling against the "
-              "configurables in gin_configs/ (e.g. train.batch_size, T5Config.emb_dim).",
-              file=sys.stderr)
+        print(
+            f"error: bad gin configuration: {e}\nCheck the binding's spelling against the "
+            "configurables in gin_configs/ (e.g. train.batch_size, T5Config.emb_dim).",
+            file=sys.stderr,
+        )
         return 2
     try:
         entry()

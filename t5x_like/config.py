@@ -35,17 +35,23 @@ class Number:
         kinds = (int,) if self.kind is int else (int, float)
         if isinstance(value, bool) or not isinstance(value, kinds):
             noun = "an integer" if self.kind is int else "a number"
-            raise ConfigError(f"--gin.{binding} must be {noun}{self._range()}"
-                              f"{' or None' if self.optional else ''}, not {value!r}.")
-        if ((self.minimum is not None and value < self.minimum)
-                or (self.above is not None and value <= self.above)
-                or (self.maximum is not None and value > self.maximum)):
+            raise ConfigError(
+                f"--gin.{binding} must be {noun}{self._range()}"
+                f"{' or None' if self.optional else ''}, not {value!r}."
+            )
+        if (
+            (self.minimum is not None and value < self.minimum)
+            or (self.above is not None and value <= self.above)
+            or (self.maximum is not None and value > self.maximum)
+        ):
             raise ConfigError(f"--gin.{binding} must be{self._range()}, not {value!r}.")
 
     def _range(self) -> str:
-        parts = [f">= {self.minimum:g}" if self.minimum is not None else "",
-                 f"> {self.above:g}" if self.above is not None else "",
-                 f"<= {self.maximum:g}" if self.maximum is not None else ""]
+        parts = [
+            f">= {self.minimum:g}" if self.minimum is not None else "",
+            f"> {self.above:g}" if self.above is not None else "",
+            f"<= {self.maximum:g}" if self.maximum is not None else "",
+        ]
         return "".join(f" {p}" for p in parts if p)
 
 

@@ -6,7 +6,8 @@
 
 DIR holds `config.json` and `model.safetensors` (or a sharded index; BERT also reads a
 `pytorch_model.bin` with torch's weights-only loader, which cannot run code). The family (T5 or
-BERT, OpenAI GPT, GPT-2) comes from config.json's `model_type`. `--verify` runs transformers' PyTorch model and ours
+BERT, OpenAI GPT, GPT-2) comes from config.json's `model_type`. `--verify` runs transformers'
+PyTorch model and ours
 on the same batch, prints `max_abs_logit_diff=<x>` and exits non-zero (writing nothing) when a
 difference exceeds 1e-4. `--layout scanned` writes the layers stacked for a model with
 `scan_layers=True` (any family); `--from_ckpt ... --to ... --layout` restacks an existing
@@ -32,12 +33,17 @@ from t5x_like.checkpoints import hf_bert, hf_gpt, hf_reference, hf_t5, params_io
 
 def _import(args: argparse.Namespace) -> int:
     family = hf_t5.read_config(args.from_hf).get("model_type", "t5")
-    loader = {"t5": hf_t5.load_hf_checkpoint, "bert": hf_bert.load_hf_checkpoint,
-              "openai-gpt": hf_gpt.load_hf_checkpoint,
-              "gpt2": hf_gpt.load_hf_checkpoint}.get(family)
+    loader = {
+        "t5": hf_t5.load_hf_checkpoint,
+        "bert": hf_bert.load_hf_checkpoint,
+        "openai-gpt": hf_gpt.load_hf_checkpoint,
+        "gpt2": hf_gpt.load_hf_checkpoint,
+    }.get(family)
     if loader is None:
-        print(f"error: config.json model_type={family!r}; supported: t5, bert, openai-gpt, "
-              "gpt2.", file=sys.stderr)
+        print(
+            f"error: config.json model_type={family!r}; supported: t5, bert, openai-gpt, gpt2.",
+            file=sys.stderr,
+        )
         return 2
     config, params = loader(args.from_hf)
     logs.log(f"Read {args.from_hf}: {config}")
@@ -46,18 +52,24 @@ def _import(args: argparse.Namespace) -> int:
             diffs = hf_reference.max_abs_gpt_differences(args.from_hf, config, params)
         elif family == "bert":
             diffs = hf_reference.max_abs_bert_differences(
-                hf_reference.load_hf_bert(args.from_hf, has_heads="mlm" in params), config,
-                params)
+                hf_reference.load_hf_bert(args.from_hf, has_heads="mlm" in params), config, params
+            )
         else:
             diffs = hf_reference.max_abs_differences(
-                hf_reference.load_hf_model(args.from_hf), config, params,
-                hf_reference.example_batch(config.vocab_size))
+                hf_reference.load_hf_model(args.from_hf),
+                config,
+                params,
+                hf_reference.example_batch(config.vocab_size),
+            )
         for name, value in diffs.items():
             logs.log(f"max_abs_{name}_diff={value:.3e}")
         worst = max(diffs.values())
         if worst > hf_reference.VERIFY_TOLERANCE:
-            print(f"error: difference {worst:.3e} exceeds {hf_reference.VERIFY_TOLERANCE:g}; "
-                  "no checkpoint written.", file=sys.stderr)
+            print(
+                f"error: difference {worst:.3e} exceeds {hf_reference.VERIFY_TOLERANCE:g}; "
+                "no checkpoint written.",
+                file=sys.stderr,
+            )
             return 1
         logs.log(f"verified: within {hf_reference.VERIFY_TOLERANCE:g} of the reference")
     if args.layout == "scanned":
@@ -74,8 +86,7 @@ def _write(save: Callable[[], object], destination: str, params, what: str = "")
     from t5x_like.models.t5 import count_params
 
     started = time.monotonic()
-    logs.log(f"Writing {destination}: {count_params(params):,} parameters, "
-             f"{_gib(params):.2f} GiB")
+    logs.log(f"Writing {destination}: {count_params(params):,} parameters, {_gib(params):.2f} GiB")
     save()
     logs.log(f"Wrote {destination}{what} in {time.monotonic() - started:.1f} s")
 
@@ -90,8 +101,10 @@ def _relayout(config, params, scanned: bool):
     """(config, params) with the layers in the scanned or the per-layer layout."""
     import dataclasses
 
-    return (dataclasses.replace(config, scan_layers=scanned),
-            scan_layout.to_layout(params, scanned))
+    return (
+        dataclasses.replace(config, scan_layers=scanned),
+        scan_layout.to_layout(params, scanned),
+    )
 
 
 def _read_checkpoint(path: str):
@@ -104,10 +117,13 @@ def _read_checkpoint(path: str):
 
 
 def _restack(args: argparse.Namespace) -> int:
-    config, params = _relayout(*_read_checkpoint(args.from_ckpt),
-                               scanned=args.layout == "scanned")
-    _write(functools.partial(params_io.save_params, args.to, params, config), args.to, params,
-           f" ({args.layout} layers)")
+    config, params = _relayout(*_read_checkpoint(args.from_ckpt), scanned=args.layout == "scanned")
+    _write(
+        functools.partial(params_io.save_params, args.to, params, config),
+        args.to,
+        params,
+        f" ({args.layout} layers)",
+    )
     return 0
 
 
@@ -121,10 +137,10 @@ def _export(args: argparse.Namespace) -> int:
         architecture = hf_gpt.hf_config(config)["architectures"][0]
     else:
         architecture = hf_bert.export_architecture(params, args.hf_architecture)
-        save = functools.partial(hf_bert.save_hf_checkpoint, args.to_hf, params, config,
-                                 architecture)
-    _write(save, args.to_hf, params,
-           f" (config.json + model.safetensors, {architecture} layout)")
+        save = functools.partial(
+            hf_bert.save_hf_checkpoint, args.to_hf, params, config, architecture
+        )
+    _write(save, args.to_hf, params, f" (config.json + model.safetensors, {architecture} layout)")
     return 0
 
 
@@ -132,17 +148,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--from_hf", help="HuggingFace checkpoint directory to import")
     parser.add_argument("--to", help="output orbax checkpoint directory (with --from_hf)")
-    parser.add_argument("--verify", action="store_true",
-                        help="compare with the transformers PyTorch model (needs the test extra)")
-    parser.add_argument("--from_ckpt", help="our checkpoint (a run's MODEL_DIR or a converted "
-                                            "directory) to export")
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="compare with the transformers PyTorch model (needs the test extra)",
+    )
+    parser.add_argument(
+        "--from_ckpt", help="our checkpoint (a run's MODEL_DIR or a converted directory) to export"
+    )
     parser.add_argument("--to_hf", help="output HuggingFace directory (with --from_ckpt)")
-    parser.add_argument("--layout", choices=("per_layer", "scanned"),
-                        help="layer layout to write: per_layer (layers_0..N-1; the default on "
-                             "import) or scanned (one stacked `layers`, for scan_layers=True)")
-    parser.add_argument("--hf_architecture", choices=(
-        "BertForSequenceClassification", "BertForMultipleChoice", "BertForTokenClassification"),
-        help="HF class of an exported `classifier` head (default: sequence classification)")
+    parser.add_argument(
+        "--layout",
+        choices=("per_layer", "scanned"),
+        help="layer layout to write: per_layer (layers_0..N-1; the default on "
+        "import) or scanned (one stacked `layers`, for scan_layers=True)",
+    )
+    parser.add_argument(
+        "--hf_architecture",
+        choices=(
+            "BertForSequenceClassification",
+            "BertForMultipleChoice",
+            "BertForTokenClassification",
+        ),
+        help="HF class of an exported `classifier` head (default: sequence classification)",
+    )
     args = parser.parse_args(argv)
     try:
         if args.from_hf and args.to:
@@ -154,8 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     except hf_t5.CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    parser.error("give --from_hf DIR --to CKPT_DIR, --from_ckpt CKPT_DIR --to_hf DIR, or "
-                 "--from_ckpt CKPT_DIR --to CKPT_DIR --layout scanned|per_layer")
+    parser.error(
+        "give --from_hf DIR --to CKPT_DIR, --from_ckpt CKPT_DIR --to_hf DIR, or "
+        "--from_ckpt CKPT_DIR --to CKPT_DIR --layout scanned|per_layer"
+    )
     return 2
 
 

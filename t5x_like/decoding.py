@@ -45,8 +45,9 @@ class DecodeConfig:
         if self.method not in METHODS:
             raise ValueError(f"DecodeConfig.method={self.method!r}; choose one of {METHODS}.")
         if self.beam_size < 1 or self.top_k < 0 or not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"Invalid decoding settings {self}: beam_size >= 1, top_k >= 0, "
-                             "0 < top_p <= 1.")
+            raise ValueError(
+                f"Invalid decoding settings {self}: beam_size >= 1, top_k >= 0, 0 < top_p <= 1."
+            )
         if self.method == "sample" and self.temperature < 0:
             raise ValueError("DecodeConfig.temperature must be >= 0 (0 = greedy).")
 
@@ -55,9 +56,16 @@ class DecodeConfig:
 ChooseFn = Callable[[Array, Array], Array]  # (log_probs (batch, vocab), rng) -> (batch,)
 
 
-def _token_by_token(tokens_to_logits: TokensToLogits, cache: Cache, batch_size: int,
-                    max_decode_length: int, choose: ChooseFn, rng: Array,
-                    start_token_id: int, eos_id: int | None) -> tuple[Array, Array]:
+def _token_by_token(
+    tokens_to_logits: TokensToLogits,
+    cache: Cache,
+    batch_size: int,
+    max_decode_length: int,
+    choose: ChooseFn,
+    rng: Array,
+    start_token_id: int,
+    eos_id: int | None,
+) -> tuple[Array, Array]:
     """Pick one token per row per step with `choose`, stopping when every row has emitted EOS.
 
     Returns (tokens, log_probs): tokens (batch, max_decode_length) with 0 after each row's EOS,
@@ -95,13 +103,25 @@ def _token_by_token(tokens_to_logits: TokensToLogits, cache: Cache, batch_size: 
     return sequences, total
 
 
-def greedy_decode(tokens_to_logits: TokensToLogits, cache: Cache, batch_size: int,
-                  max_decode_length: int, start_token_id: int = 0,
-                  eos_id: int | None = 1) -> tuple[Array, Array]:
+def greedy_decode(
+    tokens_to_logits: TokensToLogits,
+    cache: Cache,
+    batch_size: int,
+    max_decode_length: int,
+    start_token_id: int = 0,
+    eos_id: int | None = 1,
+) -> tuple[Array, Array]:
     """Argmax decoding; see `_token_by_token` for the outputs."""
-    return _token_by_token(tokens_to_logits, cache, batch_size, max_decode_length,
-                           lambda log_probs, _: jnp.argmax(log_probs, axis=-1),
-                           jax.random.key(0), start_token_id, eos_id)
+    return _token_by_token(
+        tokens_to_logits,
+        cache,
+        batch_size,
+        max_decode_length,
+        lambda log_probs, _: jnp.argmax(log_probs, axis=-1),
+        jax.random.key(0),
+        start_token_id,
+        eos_id,
+    )
 
 
 def filter_logits(logits: Array, top_k: int = 0, top_p: float = 1.0) -> Array:
@@ -121,10 +141,18 @@ def filter_logits(logits: Array, top_k: int = 0, top_p: float = 1.0) -> Array:
     return logits
 
 
-def sample_decode(tokens_to_logits: TokensToLogits, cache: Cache, batch_size: int,
-                  max_decode_length: int, rng: Array, temperature: float = 1.0,
-                  top_k: int = 0, top_p: float = 1.0, start_token_id: int = 0,
-                  eos_id: int | None = 1) -> tuple[Array, Array]:
+def sample_decode(
+    tokens_to_logits: TokensToLogits,
+    cache: Cache,
+    batch_size: int,
+    max_decode_length: int,
+    rng: Array,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    start_token_id: int = 0,
+    eos_id: int | None = 1,
+) -> tuple[Array, Array]:
     """Ancestral sampling from softmax(filtered logits / temperature); temperature 0 is
     greedy. Scores are the model's own (unfiltered, temperature 1) log-probabilities."""
 
@@ -134,8 +162,9 @@ def sample_decode(tokens_to_logits: TokensToLogits, cache: Cache, batch_size: in
         filtered = filter_logits(log_probs / temperature, top_k, top_p)
         return jax.random.categorical(step_rng, filtered, axis=-1)
 
-    return _token_by_token(tokens_to_logits, cache, batch_size, max_decode_length, choose,
-                           rng, start_token_id, eos_id)
+    return _token_by_token(
+        tokens_to_logits, cache, batch_size, max_decode_length, choose, rng, start_token_id, eos_id
+    )
 
 
 # ----------------------------------------------------------------------- beam search
@@ -148,7 +177,8 @@ def repeat_for_beams(tree: Any, beam_size: int) -> Any:
     """(batch, ...) -> (batch * beam_size, ...), each row repeated beam_size times in place;
     scalars (e.g. a cache index) are shared."""
     return jax.tree_util.tree_map(
-        lambda x: jnp.repeat(x, beam_size, axis=0) if jnp.ndim(x) else x, tree)
+        lambda x: jnp.repeat(x, beam_size, axis=0) if jnp.ndim(x) else x, tree
+    )
 
 
 def _gather_beams(x: Array, indices: Array) -> Array:
@@ -170,9 +200,16 @@ def _gather_cache(cache: Cache, indices: Array, batch_size: int, beam_size: int)
     return jax.tree_util.tree_map_with_path(gather, cache)
 
 
-def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, batch_size: int,
-                beam_size: int, max_decode_length: int, alpha: float = 0.6,
-                start_token_id: int = 0, eos_id: int = 1) -> tuple[Array, Array]:
+def beam_search(
+    tokens_to_logits: TokensToLogits,
+    cache: Cache,
+    batch_size: int,
+    beam_size: int,
+    max_decode_length: int,
+    alpha: float = 0.6,
+    start_token_id: int = 0,
+    eos_id: int = 1,
+) -> tuple[Array, Array]:
     """Beam search over a cache laid out as (batch * beam_size, ...) (`repeat_for_beams`).
 
     Each step extends every live beam by every token and keeps the 2K best extensions: those
@@ -206,8 +243,9 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, batch_size: int,
         top_lp, top_idx = jax.lax.top_k(candidates, 2 * k)
         beam_idx, token = top_idx // vocab, (top_idx % vocab).astype(jnp.int32)
         top_seqs = _gather_beams(alive_seqs, beam_idx)
-        top_seqs = jax.lax.dynamic_update_slice_in_dim(top_seqs, token[:, :, None], step + 1,
-                                                       axis=2)
+        top_seqs = jax.lax.dynamic_update_slice_in_dim(
+            top_seqs, token[:, :, None], step + 1, axis=2
+        )
         is_eos = token == eos_id
         # Live: the K best extensions that did not end.
         live_lp = jnp.where(is_eos, NEG_INF, top_lp)
@@ -225,23 +263,34 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, batch_size: int,
         fin_flags = jnp.take_along_axis(all_flags, pick, axis=1)
         return step + 1, alive_seqs, live_lp, fin_seqs, fin_scores, fin_flags, cache
 
-    seqs0 = jnp.zeros((batch_size, k, max_decode_length + 1), jnp.int32).at[:, :, 0].set(
-        start_token_id)
+    seqs0 = (
+        jnp.zeros((batch_size, k, max_decode_length + 1), jnp.int32).at[:, :, 0].set(start_token_id)
+    )
     alive_lp0 = jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (batch_size, 1))
-    init = (jnp.array(0, jnp.int32), seqs0, alive_lp0, seqs0,
-            jnp.full((batch_size, k), NEG_INF, jnp.float32), jnp.zeros((batch_size, k), bool),
-            cache)
+    init = (
+        jnp.array(0, jnp.int32),
+        seqs0,
+        alive_lp0,
+        seqs0,
+        jnp.full((batch_size, k), NEG_INF, jnp.float32),
+        jnp.zeros((batch_size, k), bool),
+        cache,
+    )
     _, alive_seqs, alive_lp, fin_seqs, fin_scores, fin_flags, _ = jax.lax.while_loop(
-        cond, body, init)
+        cond, body, init
+    )
     # Finished hypotheses first (best first), then live ones to fill the K slots.
     alive_scores = alive_lp / length_penalty(max_decode_length, alpha)
-    rank = jnp.concatenate([jnp.where(fin_flags, fin_scores, 4 * NEG_INF),
-                            jnp.where(alive_lp > NEG_INF / 2, alive_scores + 2 * NEG_INF,
-                                      4 * NEG_INF)], axis=1)
+    rank = jnp.concatenate(
+        [
+            jnp.where(fin_flags, fin_scores, 4 * NEG_INF),
+            jnp.where(alive_lp > NEG_INF / 2, alive_scores + 2 * NEG_INF, 4 * NEG_INF),
+        ],
+        axis=1,
+    )
     _, order = jax.lax.top_k(rank, k)
     seqs = _gather_beams(jnp.concatenate([fin_seqs, alive_seqs], axis=1), order)[:, :, 1:]
-    scores = jnp.take_along_axis(jnp.concatenate([fin_scores, alive_scores], axis=1), order,
-                                 axis=1)
+    scores = jnp.take_along_axis(jnp.concatenate([fin_scores, alive_scores], axis=1), order, axis=1)
     # Zero everything after each sequence's first EOS.
     is_eos = seqs == eos_id
     after_eos = jnp.cumsum(is_eos, axis=-1) - is_eos > 0

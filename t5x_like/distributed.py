@@ -55,7 +55,8 @@ def metadata_attribute(key: str, timeout_s: float = METADATA_TIMEOUT_S) -> str |
         host = METADATA_HOST
     request = urllib.request.Request(
         f"http://{host}/computeMetadata/v1/instance/attributes/{key}",
-        headers={"Metadata-Flavor": "Google"})
+        headers={"Metadata-Flavor": "Google"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return response.read().decode().strip()
@@ -72,10 +73,12 @@ def parse_worker_endpoints(value: str) -> tuple[str, ...]:
             continue
         parts = worker.split(":")
         if len(parts) not in (1, 3):
-            raise ConfigError(f"The TPU metadata's worker-network-endpoints entry {worker!r} "
-                              "is neither a hostname nor name:id:ip; jax could not read it "
-                              "either. Set T5X_LIKE_COORDINATOR, T5X_LIKE_NUM_PROCESSES and "
-                              "T5X_LIKE_PROCESS_ID on every worker instead.")
+            raise ConfigError(
+                f"The TPU metadata's worker-network-endpoints entry {worker!r} "
+                "is neither a hostname nor name:id:ip; jax could not read it "
+                "either. Set T5X_LIKE_COORDINATOR, T5X_LIKE_NUM_PROCESSES and "
+                "T5X_LIKE_PROCESS_ID on every worker instead."
+            )
         addresses.append(parts[-1])
     return tuple(addresses)
 
@@ -96,10 +99,10 @@ def parse_tpu_env(value: str, key: str) -> str | None:
 class TpuSlice:
     """What the metadata server says of this Cloud TPU VM's slice (or slices, multislice)."""
 
-    accelerator_type: str             # e.g. "v4-32"
-    workers: tuple[str, ...]          # one address per worker (host) of this slice
-    worker_number: int | None         # this host's index among them
-    num_slices: int = 1               # MEGASCALE_NUM_SLICES for a multislice job
+    accelerator_type: str  # e.g. "v4-32"
+    workers: tuple[str, ...]  # one address per worker (host) of this slice
+    worker_number: int | None  # this host's index among them
+    num_slices: int = 1  # MEGASCALE_NUM_SLICES for a multislice job
 
     @property
     def multi_host(self) -> bool:
@@ -127,10 +130,12 @@ def tpu_slice() -> TpuSlice | None:
         return None
     endpoints = metadata_attribute("worker-network-endpoints")
     number = metadata_attribute("agent-worker-number")
-    return TpuSlice(accelerator_type=accelerator_type,
-                    workers=parse_worker_endpoints(endpoints) if endpoints else (),
-                    worker_number=int(number) if number not in (None, "") else None,
-                    num_slices=_num_slices())
+    return TpuSlice(
+        accelerator_type=accelerator_type,
+        workers=parse_worker_endpoints(endpoints) if endpoints else (),
+        worker_number=int(number) if number not in (None, "") else None,
+        num_slices=_num_slices(),
+    )
 
 
 def _gke_workers() -> tuple[str, ...]:
@@ -145,8 +150,10 @@ def slurm_local_device_ids() -> list[int] | None:
     GPU number SLURM_LOCALID), so a job with one task per node would leave all but one GPU
     idle: with one task per node, all the node's GPUs (SLURM_GPUS_ON_NODE) are named
     instead. None (jax's choice) otherwise."""
-    tasks, nodes = _env_int("SLURM_NTASKS"), _env_int("SLURM_STEP_NUM_NODES") or _env_int(
-        "SLURM_NNODES")
+    tasks, nodes = (
+        _env_int("SLURM_NTASKS"),
+        _env_int("SLURM_STEP_NUM_NODES") or _env_int("SLURM_NNODES"),
+    )
     gpus = _env_int("SLURM_GPUS_ON_NODE")
     if tasks and nodes and tasks == nodes and gpus and gpus > 1:
         return list(range(gpus))
@@ -162,12 +169,16 @@ def check_process_count(expected: int | None, where: str) -> None:
             f"{where} has {expected} workers, but jax.distributed started {started} "
             f"processes. Start the trainer once on every worker at the same time "
             f"(launch/tpu_vm_run.sh runs it with `gcloud compute tpus tpu-vm ssh "
-            f"--worker=all`), and stop any earlier run still holding a worker's TPU.")
+            f"--worker=all`), and stop any earlier run still holding a worker's TPU."
+        )
 
 
 @gin.configurable
-def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None) -> bool:
+def initialize(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+) -> bool:
     """Join the other processes of this run; returns True if jax.distributed was initialised."""
     coordinator_address = coordinator_address or os.environ.get("T5X_LIKE_COORDINATOR")
     num_processes = num_processes or _env_int("T5X_LIKE_NUM_PROCESSES")
@@ -178,8 +189,11 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     if coordinator_address:
         # Cross-process collectives for CPU devices (harmless where accelerators do the work).
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(coordinator_address=coordinator_address,
-                                   num_processes=num_processes, process_id=process_id)
+        jax.distributed.initialize(
+            coordinator_address=coordinator_address,
+            num_processes=num_processes,
+            process_id=process_id,
+        )
         return True
     slurm_tasks = _env_int("SLURM_NTASKS")
     if slurm_tasks and slurm_tasks > 1:
@@ -193,8 +207,11 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     tpu = tpu_slice()
     if tpu is not None and tpu.multi_host:
         jax.distributed.initialize()  # jax reads the TPU metadata itself
-        check_process_count(tpu.process_count, f"This TPU slice ({tpu.accelerator_type}"
-                            + (f", {tpu.num_slices} slices" if tpu.num_slices > 1 else "")
-                            + ")")
+        check_process_count(
+            tpu.process_count,
+            f"This TPU slice ({tpu.accelerator_type}"
+            + (f", {tpu.num_slices} slices" if tpu.num_slices > 1 else "")
+            + ")",
+        )
         return True
     return False

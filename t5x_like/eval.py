@@ -29,8 +29,16 @@ import gin
 import jax
 import seqio
 
-from t5x_like import (classifier_eval, cli, decoding, evaluation, input_pipeline, logs,
-                      partitioning, storage)
+from t5x_like import (
+    classifier_eval,
+    cli,
+    decoding,
+    evaluation,
+    input_pipeline,
+    logs,
+    partitioning,
+    storage,
+)
 from t5x_like.checkpoints import params_io
 from t5x_like.errors import ConfigError
 from t5x_like.models.base import Model
@@ -40,12 +48,15 @@ from t5x_like.models.encoder_decoder import EncoderDecoderModel, unbox
 def require_checkpoint(checkpoint: str | None) -> None:
     """Fail before any data is read or model built when no checkpoint is named."""
     if not checkpoint:
-        raise ConfigError("No checkpoint: pass --gin.CHECKPOINT=/path/to/MODEL_DIR (or a "
-                          "directory written by python -m t5x_like.convert).")
+        raise ConfigError(
+            "No checkpoint: pass --gin.CHECKPOINT=/path/to/MODEL_DIR (or a "
+            "directory written by python -m t5x_like.convert)."
+        )
 
 
-def restore_model(checkpoint: str | None,
-                  model_class: Callable[[], Model] = EncoderDecoderModel) -> tuple[Model, Any]:
+def restore_model(
+    checkpoint: str | None, model_class: Callable[[], Model] = EncoderDecoderModel
+) -> tuple[Model, Any]:
     """The gin-configured model and the checkpoint's parameters, sharded over all devices by
     the configured mesh and rules (checked against the checkpoint's config first)."""
     require_checkpoint(checkpoint)
@@ -55,8 +66,8 @@ def restore_model(checkpoint: str | None,
     boxed = model.abstract_params()
     shardings = partitioning.param_shardings(boxed, mesh, rules)
     abstract = jax.tree_util.tree_map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), unbox(boxed),
-        shardings)
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), unbox(boxed), shardings
+    )
     return model, params_io.load_pretrained(checkpoint, model.config, abstract)
 
 
@@ -65,14 +76,17 @@ def default_output_dir(checkpoint: str, name: str) -> str:
 
 
 @gin.configurable
-def evaluate(checkpoint: str | None = None, task: str = "glue_v002_proportional",
-             split: str = "validation",
-             task_feature_lengths: Mapping[str, int] = (("inputs", 512), ("targets", 114)),
-             batch_size: int = 32, max_examples: int | None = None,
-             output_dir: str | None = None,
-             tfds_data_dir: str | None = None,
-             model_class: Callable[[], Model] = EncoderDecoderModel,
-             ) -> dict[str, dict[str, float]]:
+def evaluate(
+    checkpoint: str | None = None,
+    task: str = "glue_v002_proportional",
+    split: str = "validation",
+    task_feature_lengths: Mapping[str, int] = (("inputs", 512), ("targets", 114)),
+    batch_size: int = 32,
+    max_examples: int | None = None,
+    output_dir: str | None = None,
+    tfds_data_dir: str | None = None,
+    model_class: Callable[[], Model] = EncoderDecoderModel,
+) -> dict[str, dict[str, float]]:
     """Metrics per task; predictions and metrics written under `output_dir`."""
     require_checkpoint(checkpoint)
     feature_lengths = dict(task_feature_lengths)
@@ -87,34 +101,44 @@ def evaluate(checkpoint: str | None = None, task: str = "glue_v002_proportional"
     results = {}
     if not hasattr(model, "predict_batch"):  # a BERT head
         for name in task_names:
-            results[name] = classifier_eval.evaluate_task(model, params, name, split,
-                                                          feature_lengths, batch_size,
-                                                          max_examples)
+            results[name] = classifier_eval.evaluate_task(
+                model, params, name, split, feature_lengths, batch_size, max_examples
+            )
             logs.log(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in results[name].items()))
         _write_metrics(output_dir, results)
         return results
-    predict_fn = evaluation.make_predict_fn(model, feature_lengths["targets"],
-                                            decoding.DecodeConfig())
+    predict_fn = evaluation.make_predict_fn(
+        model, feature_lengths["targets"], decoding.DecodeConfig()
+    )
     for name in task_names:
-        metrics, predictions = evaluation.evaluate_task(predict_fn, params, name, split,
-                                                        feature_lengths, batch_size,
-                                                        max_examples, show_progress=True)
+        metrics, predictions = evaluation.evaluate_task(
+            predict_fn,
+            params,
+            name,
+            split,
+            feature_lengths,
+            batch_size,
+            max_examples,
+            show_progress=True,
+        )
         results[name] = metrics
         if jax.process_index() == 0:
-            evaluation.write_jsonl(os.path.join(output_dir, f"{name}_{split}.jsonl"),
-                                   (p.to_json() for p in predictions))
-        logs.log(f"{name} ({len(predictions)} examples): " +
-                 ", ".join(f"{k} {v:.2f}" for k, v in metrics.items()))
+            evaluation.write_jsonl(
+                os.path.join(output_dir, f"{name}_{split}.jsonl"),
+                (p.to_json() for p in predictions),
+            )
+        logs.log(
+            f"{name} ({len(predictions)} examples): "
+            + ", ".join(f"{k} {v:.2f}" for k, v in metrics.items())
+        )
     _write_metrics(output_dir, results)
     return results
 
 
 def _write_metrics(output_dir: str, results: Mapping[str, Mapping[str, float]]) -> None:
     if jax.process_index() == 0:
-        storage.write_text(os.path.join(output_dir, "metrics.json"),
-                           json.dumps(results, indent=2))
+        storage.write_text(os.path.join(output_dir, "metrics.json"), json.dumps(results, indent=2))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     return cli.run(evaluate, argv, __doc__.split("\n\n")[0])
-

@@ -38,15 +38,18 @@ class Prediction:
         return record
 
 
-def make_predict_fn(model: EncoderDecoderModel, max_decode_length: int,
-                    decode: decoding.DecodeConfig | None = None) -> PredictFn:
+def make_predict_fn(
+    model: EncoderDecoderModel, max_decode_length: int, decode: decoding.DecodeConfig | None = None
+) -> PredictFn:
     """A jitted (params, {'inputs': padded input ids}) -> (tokens, scores) for any generating
     model: the ids go in as the model's `PROMPT_FEATURE` (a decoder-only model's prompt) or
     as T5's `encoder_input_tokens`."""
     feature = getattr(model, "PROMPT_FEATURE", "encoder_input_tokens")
-    return jax.jit(lambda params, batch: model.predict_batch(
-        params, {feature: batch["inputs"]}, max_decode_length, return_scores=True,
-        decode=decode))
+    return jax.jit(
+        lambda params, batch: model.predict_batch(
+            params, {feature: batch["inputs"]}, max_decode_length, return_scores=True, decode=decode
+        )
+    )
 
 
 def _until_eos(tokens: Sequence[int], eos_id: int = 1) -> list[int]:
@@ -59,8 +62,9 @@ def _until_eos(tokens: Sequence[int], eos_id: int = 1) -> list[int]:
     return out
 
 
-def _batches(examples: Iterable[dict[str, Any]], batch_size: int,
-             inputs_length: int) -> Iterator[tuple[list[dict[str, Any]], np.ndarray]]:
+def _batches(
+    examples: Iterable[dict[str, Any]], batch_size: int, inputs_length: int
+) -> Iterator[tuple[list[dict[str, Any]], np.ndarray]]:
     """(examples, padded input ids) of up to `batch_size`; a short last batch is filled with
     copies of its last row so every call has the same shape."""
     chunk: list[dict[str, Any]] = []
@@ -77,29 +81,34 @@ def _pad(chunk: list[dict[str, Any]], batch_size: int, length: int) -> np.ndarra
     ids = np.zeros((batch_size, length), np.int32)
     for i in range(batch_size):
         row = chunk[min(i, len(chunk) - 1)]["inputs"][:length]
-        ids[i, :len(row)] = row
+        ids[i, : len(row)] = row
     return ids
 
 
-def task_examples(task_name: str, split: str, feature_lengths: Mapping[str, int],
-                  max_examples: int | None = None) -> Iterator[dict[str, Any]]:
+def task_examples(
+    task_name: str, split: str, feature_lengths: Mapping[str, int], max_examples: int | None = None
+) -> Iterator[dict[str, Any]]:
     """The task's preprocessed examples (tokenized, with `*_pretokenized` text), in order."""
     task = input_pipeline.resolve_task(task_name)
     input_pipeline.check_data_available(task, split)
     if split not in task.splits:
-        raise ConfigError(f"Task {task_name!r} has no split {split!r}; it has "
-                          f"{list(task.splits)}.")
-    ds = task.get_dataset(dict(feature_lengths), split=split, shuffle=False, num_epochs=1,
-                          seed=0)
+        raise ConfigError(f"Task {task_name!r} has no split {split!r}; it has {list(task.splits)}.")
+    ds = task.get_dataset(dict(feature_lengths), split=split, shuffle=False, num_epochs=1, seed=0)
     if max_examples:
         ds = ds.take(max_examples)
     yield from ds.as_numpy_iterator()
 
 
-def predict(predict_fn: PredictFn, params: Any, examples: Iterable[dict[str, Any]],
-            vocabulary: seqio.Vocabulary, batch_size: int,
-            inputs_length: int, progress: str | None = None,
-            total: int | None = None) -> list[Prediction]:
+def predict(
+    predict_fn: PredictFn,
+    params: Any,
+    examples: Iterable[dict[str, Any]],
+    vocabulary: seqio.Vocabulary,
+    batch_size: int,
+    inputs_length: int,
+    progress: str | None = None,
+    total: int | None = None,
+) -> list[Prediction]:
     """Decode every example; text comes from `inputs_pretokenized` when present. With
     `progress` (the bar's name), a bar counts the examples decoded, with an ETA when `total`
     (the number of examples expected) is given."""
@@ -112,13 +121,17 @@ def predict(predict_fn: PredictFn, params: Any, examples: Iterable[dict[str, Any
         for i, ex in enumerate(chunk):
             inputs = ex.get("inputs_pretokenized")
             target = ex.get("targets_pretokenized")
-            out.append(Prediction(
-                inputs=inputs.decode() if isinstance(inputs, bytes) else
-                vocabulary.decode(_until_eos(ex["inputs"])),
-                prediction=vocabulary.decode(_until_eos(tokens[i])),
-                score=float(scores[i]),
-                target=target.decode() if isinstance(target, bytes) else None,
-                example=ex))
+            out.append(
+                Prediction(
+                    inputs=inputs.decode()
+                    if isinstance(inputs, bytes)
+                    else vocabulary.decode(_until_eos(ex["inputs"])),
+                    prediction=vocabulary.decode(_until_eos(tokens[i])),
+                    score=float(scores[i]),
+                    target=target.decode() if isinstance(target, bytes) else None,
+                    example=ex,
+                )
+            )
     if bar is not None:
         bar.close()
     return out
@@ -129,8 +142,10 @@ def score(task: seqio.Task, predictions: Sequence[Prediction]) -> dict[str, floa
     if not task.metric_fns or not predictions:
         return {}
     post = task.postprocess_fn or (lambda text, example=None, is_target=False: text)
-    targets = [post(p.example["targets_pretokenized"], example=p.example, is_target=True)
-               for p in predictions]
+    targets = [
+        post(p.example["targets_pretokenized"], example=p.example, is_target=True)
+        for p in predictions
+    ]
     guesses = [post(p.prediction, example=p.example, is_target=False) for p in predictions]
     results: dict[str, float] = {}
     for metric_fn in task.metric_fns:
@@ -138,19 +153,31 @@ def score(task: seqio.Task, predictions: Sequence[Prediction]) -> dict[str, floa
     return results
 
 
-def evaluate_task(predict_fn: PredictFn, params: Any, task_name: str, split: str,
-                  feature_lengths: Mapping[str, int], batch_size: int,
-                  max_examples: int | None = None,
-                  show_progress: bool = False) -> tuple[dict[str, float], list[Prediction]]:
+def evaluate_task(
+    predict_fn: PredictFn,
+    params: Any,
+    task_name: str,
+    split: str,
+    feature_lengths: Mapping[str, int],
+    batch_size: int,
+    max_examples: int | None = None,
+    show_progress: bool = False,
+) -> tuple[dict[str, float], list[Prediction]]:
     """The task's metrics and predictions; `show_progress` draws a bar (off inside training,
     whose own bar is on screen)."""
     task = input_pipeline.resolve_task(task_name)
     vocabulary = task.output_features["targets"].vocabulary
     total = expected_examples(task, split, max_examples) if show_progress else None
-    predictions = predict(predict_fn, params,
-                          task_examples(task_name, split, feature_lengths, max_examples),
-                          vocabulary, batch_size, feature_lengths["inputs"],
-                          progress=f"eval {task_name}" if show_progress else None, total=total)
+    predictions = predict(
+        predict_fn,
+        params,
+        task_examples(task_name, split, feature_lengths, max_examples),
+        vocabulary,
+        batch_size,
+        feature_lengths["inputs"],
+        progress=f"eval {task_name}" if show_progress else None,
+        total=total,
+    )
     return score(task, predictions), predictions
 
 
@@ -183,5 +210,7 @@ def evaluable_tasks(task_or_mixture: str, split: str = "validation") -> list[str
 
 
 def write_jsonl(path: str, records: Iterable[Mapping[str, Any]]) -> None:
-    storage.write_text(storage.resolve(path), "".join(
-        json.dumps(record, ensure_ascii=False) + "\n" for record in records))
+    storage.write_text(
+        storage.resolve(path),
+        "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records),
+    )

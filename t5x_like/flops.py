@@ -17,8 +17,9 @@ from typing import Any, Mapping
 TRAINING_MULTIPLIER = 3
 
 
-def attention_flops(query_tokens: int, key_tokens: int, width: int, heads: int,
-                    head_dim: int) -> int:
+def attention_flops(
+    query_tokens: int, key_tokens: int, width: int, heads: int, head_dim: int
+) -> int:
     """Query and output projections over the queries, key and value projections over the
     keys, and the two score products."""
     inner = heads * head_dim
@@ -37,32 +38,33 @@ def encoder_decoder_flops(cfg: Any, inputs: int, targets: int) -> int:
     cross-attention), the vocabulary projection over the targets. Shared parameters do not
     change the count: the stack still runs twice."""
     projections = len(cfg.mlp_activations)
-    encoder_layer = (attention_flops(inputs, inputs, cfg.emb_dim, cfg.num_heads, cfg.head_dim)
-                     + mlp_flops(inputs, cfg.emb_dim, cfg.mlp_dim, projections))
-    decoder_layer = (attention_flops(targets, targets, cfg.emb_dim, cfg.num_heads,
-                                     cfg.head_dim)
-                     + attention_flops(targets, inputs, cfg.emb_dim, cfg.num_heads,
-                                       cfg.head_dim)
-                     + mlp_flops(targets, cfg.emb_dim, cfg.mlp_dim, projections))
+    encoder_layer = attention_flops(
+        inputs, inputs, cfg.emb_dim, cfg.num_heads, cfg.head_dim
+    ) + mlp_flops(inputs, cfg.emb_dim, cfg.mlp_dim, projections)
+    decoder_layer = (
+        attention_flops(targets, targets, cfg.emb_dim, cfg.num_heads, cfg.head_dim)
+        + attention_flops(targets, inputs, cfg.emb_dim, cfg.num_heads, cfg.head_dim)
+        + mlp_flops(targets, cfg.emb_dim, cfg.mlp_dim, projections)
+    )
     logits = 2 * targets * cfg.emb_dim * cfg.vocab_size
-    return (cfg.num_encoder_layers * encoder_layer + cfg.num_decoder_layers * decoder_layer
-            + logits)
+    return cfg.num_encoder_layers * encoder_layer + cfg.num_decoder_layers * decoder_layer + logits
 
 
 def decoder_only_flops(cfg: Any, length: int) -> int:
     """A decoder-only model (`GPTConfig`) over one row of `length` tokens (inputs and targets
     concatenated), logits at every position."""
-    layer = (attention_flops(length, length, cfg.hidden_size, cfg.num_heads, cfg.head_dim)
-             + mlp_flops(length, cfg.hidden_size, cfg.intermediate_size,
-                         len(cfg.activations)))
+    layer = attention_flops(
+        length, length, cfg.hidden_size, cfg.num_heads, cfg.head_dim
+    ) + mlp_flops(length, cfg.hidden_size, cfg.intermediate_size, len(cfg.activations))
     return cfg.num_layers * layer + 2 * length * cfg.hidden_size * cfg.vocab_size
 
 
 def encoder_only_flops(cfg: Any, length: int, predictions: int) -> int:
     """BERT (`BertConfig`) over `length` tokens, the masked-LM head (a dense transform and the
     vocabulary projection) at `predictions` positions and the pooler."""
-    layer = (attention_flops(length, length, cfg.hidden_size, cfg.num_heads, cfg.head_dim)
-             + mlp_flops(length, cfg.hidden_size, cfg.intermediate_size))
+    layer = attention_flops(
+        length, length, cfg.hidden_size, cfg.num_heads, cfg.head_dim
+    ) + mlp_flops(length, cfg.hidden_size, cfg.intermediate_size)
     head = 2 * predictions * cfg.hidden_size * (cfg.hidden_size + cfg.vocab_size)
     return cfg.num_layers * layer + head + 2 * cfg.hidden_size * cfg.hidden_size
 
@@ -82,8 +84,9 @@ def forward_flops(config: Any, feature_lengths: Mapping[str, int]) -> int | None
     return None
 
 
-def train_step_flops(config: Any, feature_lengths: Mapping[str, int],
-                     batch_size: int) -> float | None:
+def train_step_flops(
+    config: Any, feature_lengths: Mapping[str, int], batch_size: int
+) -> float | None:
     """Hand-counted model FLOPs of one training step (forward x 3, whole batch). Unlike XLA's
     cost analysis, which counts a loop body once, this does not depend on how the step is
     compiled (scanned layers, a chunked loss)."""

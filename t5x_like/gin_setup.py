@@ -8,8 +8,9 @@ import it, so the package's module-level imports form no cycle (tests/test_impor
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
-from typing import Sequence, TypeVar
+from typing import Any, Sequence
 
 import gin
 
@@ -20,14 +21,34 @@ from t5x_like.models.t5 import T5Config
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# Every module that defines gin configurables: this repository's tasks (bert_vocab_path,
+# c4_files, text_corpus, ...), the run entry points and what they configure, the models.
+CONFIGURABLE_MODULES = (
+    "tasks",
+    "t5x_like.decoding",
+    "t5x_like.distributed",
+    "t5x_like.eval",
+    "t5x_like.infer",
+    "t5x_like.optimizers",
+    "t5x_like.partitioning",
+    "t5x_like.preemption",
+    "t5x_like.squad_eval",
+    "t5x_like.train",
+    "t5x_like.models.bert_models",
+    "t5x_like.models.encoder_decoder",
+    "t5x_like.models.gpt_finetune",
+)
+MODEL_CONFIG_MODULES = (
+    "t5x_like.models.t5",
+    "t5x_like.models.bert",
+    "t5x_like.models.decoder_only",
+)
+
+
 def register_configurables() -> None:
     """Import every module that defines gin configurables, so any of them can be bound."""
-    import tasks  # noqa: F401  (bert_vocab_path, c4_files, text_corpus, ...)
-    from t5x_like import (decoding, distributed, infer, optimizers,  # noqa: F401
-                          partitioning, preemption, squad_eval, train)
-    from t5x_like import eval as _eval  # noqa: F401
-    from t5x_like.models import bert_models, encoder_decoder, gpt_finetune  # noqa: F401
-
+    for module in CONFIGURABLE_MODULES:
+        importlib.import_module(module)
     register_model_configurables()
 
 
@@ -36,11 +57,13 @@ def register_model_configurables() -> None:
     GPTConfig), all that a model gin file binds. Unlike `register_configurables` this leaves
     out the tasks, whose seqio imports TensorFlow: ~0.7 GB of host memory that a benchmark or
     the memory planner, reading only a model config, would otherwise carry."""
-    from t5x_like.models import bert, decoder_only  # noqa: F401
+    for module in MODEL_CONFIG_MODULES:
+        importlib.import_module(module)
 
 
-def parse_gin(gin_files: Sequence[str] = (), bindings: Sequence[str] = (), *,
-              models_only: bool = False) -> None:
+def parse_gin(
+    gin_files: Sequence[str] = (), bindings: Sequence[str] = (), *, models_only: bool = False
+) -> None:
     """Parse gin files, then bindings (later ones override earlier ones). `include` lines
     may name files relative to the repository root, whatever the working directory. With
     `models_only`, only the model config classes can be bound (`register_model_configurables`).
@@ -52,11 +75,13 @@ def parse_gin(gin_files: Sequence[str] = (), bindings: Sequence[str] = (), *,
     if REPO_ROOT not in gin.config._LOCATION_PREFIXES:  # noqa: SLF001 - gin has no getter
         gin.add_config_file_search_path(REPO_ROOT)
     gin.parse_config_files_and_bindings(
-        list(gin_files), [quote_plain_string(b) for b in bindings], finalize_config=False)
+        list(gin_files), [quote_plain_string(b) for b in bindings], finalize_config=False
+    )
 
 
-def load_model_config(gin_files: Sequence[str] = (), bindings: Sequence[str] = (),
-                      config_class: type = T5Config):
+def load_model_config(
+    gin_files: Sequence[str] = (), bindings: Sequence[str] = (), config_class: type = T5Config
+):
     """A model config (T5Config unless `config_class` says e.g. BertConfig) from gin files and
     bindings, starting from a clean gin state."""
     _parse_for_model_config(gin_files, bindings)
@@ -78,10 +103,7 @@ def _parse_for_model_config(gin_files: Sequence[str], bindings: Sequence[str]) -
         parse_gin(gin_files, bindings)
 
 
-ConfigT = TypeVar("ConfigT")
-
-
-def bind_over(config: ConfigT, bindings: Sequence[str]) -> ConfigT:
+def bind_over(config: Any, bindings: Sequence[str]) -> Any:
     """`config` (a model config dataclass) with the fields that gin `bindings` of its class set
     replaced, the rest as they were: bindings as edits of a given config rather than of the
     class defaults (`load_model_config`)."""

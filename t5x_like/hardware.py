@@ -60,9 +60,10 @@ PEAK_FLOPS_PER_DEVICE = (
     ("b200", 2250e12),  # after "gb200"
 )
 
+
 def matmul_flop_count(size: int) -> int:
     """FLOPs of one size x size by size x size matrix product."""
-    return 2 * size ** 3
+    return 2 * size**3
 
 
 # XLA CPU's matrix-multiply libraries, as compile options: YNNPACK (what `host_runtime`
@@ -98,18 +99,25 @@ class MatmulTimer:
         return self.run()
 
 
-def donating_timer(fn: Callable[..., jax.Array], args: tuple[jax.Array, ...],
-                   compiler_options: dict[str, Any] | None = None) -> Callable[[], float]:
+def donating_timer(
+    fn: Callable[..., jax.Array],
+    args: tuple[jax.Array, ...],
+    compiler_options: dict[str, Any] | None = None,
+) -> Callable[[], float]:
     """A timer of `fn(*args)`, compiled here once (with `compiler_options`) and run once to
     warm up: each call runs it and returns the seconds it took. Each result is written over
     the previous one (a donated buffer), as a step writes into buffers it already holds, so
     sampling allocates nothing and does not time the allocator's page faults."""
+
     def over_previous(*operands: jax.Array) -> jax.Array:
         return fn(*operands[:-1])
 
     out = jax.eval_shape(fn, *args)
-    compiled = jax.jit(over_previous, donate_argnums=len(args)).lower(
-        *args, out).compile(compiler_options=compiler_options)
+    compiled = (
+        jax.jit(over_previous, donate_argnums=len(args))
+        .lower(*args, out)
+        .compile(compiler_options=compiler_options)
+    )
     holder = [compiled(*args, jnp.zeros(out.shape, out.dtype))]
     holder[0].block_until_ready()
 
@@ -141,8 +149,9 @@ def matmul_timer(dtype: str = "float32", size: int = 1024, trials: int = 3) -> M
         except jax.errors.JaxRuntimeError:  # a jaxlib or CPU without this library
             continue
     if not timers:
-        raise RuntimeError(f"XLA compiled a matmul with none of {sorted(libraries)}; check "
-                           f"the jaxlib install.")
+        raise RuntimeError(
+            f"XLA compiled a matmul with none of {sorted(libraries)}; check the jaxlib install."
+        )
     best = dict.fromkeys(timers, float("inf"))
     for _ in range(trials):  # in turn, so a slow phase of a shared host hits them all
         for library, timer in timers.items():
@@ -151,8 +160,11 @@ def matmul_timer(dtype: str = "float32", size: int = 1024, trials: int = 3) -> M
     return MatmulTimer(fastest, timers[fastest])
 
 
-def measure_matmul_flops(dtype: str = "float32", size: int = 1024, repeats: int = 5,
-                         ) -> tuple[float, str]:
+def measure_matmul_flops(
+    dtype: str = "float32",
+    size: int = 1024,
+    repeats: int = 5,
+) -> tuple[float, str]:
     """(best observed FLOP/s of a size x size matmul on the default device, the library
     that reached it)."""
     timer = matmul_timer(dtype, size)
@@ -168,7 +180,7 @@ def device_peak_flops(device_kind: str) -> float | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def peak_flops() -> tuple[float, str]:
     """(peak FLOP/s of the whole run, where the number comes from). On CPU: the measured
     matmul rate of each host (simulated devices share its cores) times the processes. An
@@ -176,17 +188,21 @@ def peak_flops() -> tuple[float, str]:
     device = jax.devices()[0]
     if device.platform == "cpu":
         rate, library = measure_matmul_flops()
-        return rate * jax.process_count(), (f"measured float32 matmul on CPU ({rate:.3g}/s, "
-                                            f"{library})")
+        return rate * jax.process_count(), (
+            f"measured float32 matmul on CPU ({rate:.3g}/s, {library})"
+        )
     per_device = device_peak_flops(device.device_kind)
     if per_device is None:  # once: this function is cached
-        source = (f"no bf16 peak known for {device.device_kind!r}, so MFU is not computed "
-                  f"(NaN); add its data sheet's dense figure to "
-                  f"t5x_like.hardware.PEAK_FLOPS_PER_DEVICE")
+        source = (
+            f"no bf16 peak known for {device.device_kind!r}, so MFU is not computed "
+            f"(NaN); add its data sheet's dense figure to "
+            f"t5x_like.hardware.PEAK_FLOPS_PER_DEVICE"
+        )
         warnings.warn(source, RuntimeWarning, stacklevel=2)
         return float("nan"), source
-    return per_device * jax.device_count(), (f"{device.device_kind} bf16 peak "
-                                             f"{per_device:.3g}/s x {jax.device_count()}")
+    return per_device * jax.device_count(), (
+        f"{device.device_kind} bf16 peak {per_device:.3g}/s x {jax.device_count()}"
+    )
 
 
 def mfu(model_flops_per_step: float, step_time_s: float, peak: float) -> float:

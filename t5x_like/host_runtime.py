@@ -1,4 +1,6 @@
-"""Process-wide settings that make jax's CPU backend fast, applied when `t5x_like` is imported.
+"""Process-wide settings that make jax's CPU backend fast, applied when `t5x_like` is imported
+in a process that will run on the CPU (`apply_cpu_process_settings`: not where JAX_PLATFORMS or
+an installed TPU/GPU plugin says an accelerator will run, and not with T5X_LIKE_CPU_TUNING=off).
 
 Two things cost the standard CPU benchmark step about a third of its time, neither of them
 arithmetic (`benchmarks/README.md`):
@@ -52,6 +54,47 @@ from typing import Callable, ContextManager, Iterator
 CPU_XLA_FLAGS = {"--xla_cpu_experimental_ynn_fusion_type": "dot"}
 
 MALLOC_ENV = "T5X_LIKE_HOST_MALLOC"
+# T5X_LIKE_CPU_TUNING=off leaves out every CPU-specific choice: the process settings here and
+# the CPU layouts of sums and products (`reductions.sums_as_dots`, `products`), so jax's own
+# defaults run; e.g. to measure what the tuning buys on a new CPU.
+CPU_TUNING_ENV = "T5X_LIKE_CPU_TUNING"
+# Python modules whose presence means jax will start an accelerator backend by default.
+ACCELERATOR_PLUGINS = ("libtpu", "jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm7_plugin")
+
+# What `apply_cpu_process_settings` did in this process, for logs and tests.
+applied_settings: list[str] = []
+
+
+def cpu_tuning_enabled() -> bool:
+    """Whether the CPU tuning is on (T5X_LIKE_CPU_TUNING is not off / 0 / false)."""
+    return os.environ.get(CPU_TUNING_ENV, "on").strip().lower() not in ("off", "0", "false")
+
+
+def accelerator_expected() -> bool:
+    """Will jax run on an accelerator in this process? Answered before jax starts a backend
+    (which would be too late for the process settings): JAX_PLATFORMS decides when set (its
+    first entry), otherwise an installed TPU or GPU plugin means jax will pick that device."""
+    platforms = os.environ.get("JAX_PLATFORMS", "").strip().lower()
+    if platforms:
+        return platforms.split(",")[0].strip() != "cpu"
+    return any(importlib.util.find_spec(name) is not None for name in ACCELERATOR_PLUGINS)
+
+
+def apply_cpu_process_settings() -> list[str]:
+    """The CPU backend's process-wide settings (module docstring), where they help: the CPU
+    tuning is on and no accelerator is expected. Returns what was applied."""
+    if not cpu_tuning_enabled() or accelerator_expected():
+        return applied_settings
+    flags_before = os.environ.get("XLA_FLAGS", "")
+    set_default_xla_flags()
+    if os.environ.get("XLA_FLAGS", "") != flags_before:
+        applied_settings.append("xla_cpu_flags")
+    if keep_freed_memory():
+        applied_settings.append("keep_freed_memory")
+        release_memory_after_compiles()
+        applied_settings.append("release_memory_after_compiles")
+    return applied_settings
+
 
 # glibc's mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
@@ -125,8 +168,10 @@ def keep_freed_memory() -> bool:
     libc = _libc()
     if os.environ.get(MALLOC_ENV, "") == "default" or libc is None:
         return False
-    return all(libc.mallopt(param, value) == 1 for param, value in (
-        (_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _NEVER)))
+    return all(
+        libc.mallopt(param, value) == 1
+        for param, value in ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _NEVER))
+    )
 
 
 # Whether TensorFlow has been told to leave the GPUs alone in this process.
@@ -141,10 +186,14 @@ def _hide_gpus(tf: ModuleType) -> None:
         with native_stderr_without(_no_gpu_host_noise):
             tf.config.set_visible_devices([], "GPU")
     except RuntimeError as e:
-        warnings.warn(f"TensorFlow started before t5x_like could hide the GPUs from it ({e}); "
-                      "it may hold GPU memory JAX needs. Import t5x_like (or call "
-                      "t5x_like.host_runtime.hide_gpus_from_tensorflow()) before any "
-                      "TensorFlow op runs.", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"TensorFlow started before t5x_like could hide the GPUs from it ({e}); "
+            "it may hold GPU memory JAX needs. Import t5x_like (or call "
+            "t5x_like.host_runtime.hide_gpus_from_tensorflow()) before any "
+            "TensorFlow op runs.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return
     tensorflow_gpus_hidden = True
 
@@ -154,8 +203,12 @@ class _AfterImport(importlib.abc.MetaPathFinder):
     post-import hook exists in Python): finds the module's spec through the other finders
     and wraps that spec's loader's `exec_module`, leaving the loader otherwise as it is."""
 
-    def __init__(self, name: str, callback: Callable[[ModuleType], None],
-                 around: Callable[[], ContextManager] = contextlib.nullcontext) -> None:
+    def __init__(
+        self,
+        name: str,
+        callback: Callable[[ModuleType], None],
+        around: Callable[[], ContextManager] = contextlib.nullcontext,
+    ) -> None:
         self.name, self.callback, self.around = name, callback, around
         self._finding = False
 
@@ -315,11 +368,16 @@ def _is_callback_into_closed_loop(unraisable) -> bool:
     traceback = unraisable.exc_traceback
     while traceback is not None and traceback.tb_next is not None:
         traceback = traceback.tb_next
-    return (unraisable.object is None and isinstance(unraisable.exc_value, RuntimeError)
-            and str(unraisable.exc_value) == "Event loop is closed" and traceback is not None
-            and traceback.tb_frame.f_code.co_name == "_check_closed"
-            and traceback.tb_frame.f_code.co_filename.endswith(
-                os.path.join("asyncio", "base_events.py")))
+    return (
+        unraisable.object is None
+        and isinstance(unraisable.exc_value, RuntimeError)
+        and str(unraisable.exc_value) == "Event loop is closed"
+        and traceback is not None
+        and traceback.tb_frame.f_code.co_name == "_check_closed"
+        and traceback.tb_frame.f_code.co_filename.endswith(
+            os.path.join("asyncio", "base_events.py")
+        )
+    )
 
 
 def _drop_callbacks_into_closed_loops() -> None:
@@ -352,11 +410,18 @@ def quiet_library_logs() -> None:
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if "tensorflow" not in sys.modules and not any(
-            getattr(f, "callback", None) is _ignore for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(
-            "tensorflow", _ignore,
-            around=lambda: native_stderr_without(
-                lambda line: _tf_startup_noise(line) or _no_gpu_host_noise(line))))
+        getattr(f, "callback", None) is _ignore for f in sys.meta_path
+    ):
+        sys.meta_path.insert(
+            0,
+            _AfterImport(
+                "tensorflow",
+                _ignore,
+                around=lambda: native_stderr_without(
+                    lambda line: _tf_startup_noise(line) or _no_gpu_host_noise(line)
+                ),
+            ),
+        )
     from absl import logging as absl_logging
 
     absl_logger = absl_logging.get_absl_logger()

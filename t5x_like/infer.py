@@ -31,7 +31,6 @@ from t5x_like.errors import ConfigError
 from t5x_like.eval import default_output_dir, require_checkpoint, restore_model
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
 
-
 _JSONL_SUFFIXES = (".jsonl", ".json")
 
 
@@ -52,7 +51,8 @@ def _text_lines(path: str) -> Iterator[tuple[int, str]]:
             raise ConfigError(
                 f"{path}:{n}: not UTF-8 text (byte {line[e.start]:#04x} at column "
                 f"{e.start + 1}); re-encode the file (e.g. `iconv -f latin1 -t utf-8`) or fix "
-                "the line.") from None
+                "the line."
+            ) from None
 
 
 def _jsonl_inputs(path: str, n: int, line: str) -> str:
@@ -61,24 +61,33 @@ def _jsonl_inputs(path: str, n: int, line: str) -> str:
     try:
         record = json.loads(line)
     except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}:{n}: not valid JSON ({e.msg} at column {e.colno}); "
-                          f"{hint}.") from None
+        raise ConfigError(
+            f"{path}:{n}: not valid JSON ({e.msg} at column {e.colno}); {hint}."
+        ) from None
     if not isinstance(record, dict) or "inputs" not in record:
         raise ConfigError(f"{path}:{n} has no 'inputs' field; {hint}.")
     if not isinstance(record["inputs"], str):
-        raise ConfigError(f"{path}:{n}: 'inputs' is a JSON {type(record['inputs']).__name__}, "
-                          f"not a string; {hint}.")
+        raise ConfigError(
+            f"{path}:{n}: 'inputs' is a JSON {type(record['inputs']).__name__}, "
+            f"not a string; {hint}."
+        )
     return record["inputs"]
 
 
 class PromptLimit(NamedTuple):
     """The longest prompt a decoder-only model takes, and how to allow a longer one."""
+
     tokens: int
     how_to_raise: str
 
 
-def read_inputs(path: str, vocabulary, inputs_length: int, add_eos: bool = True,
-                prompt_limit: PromptLimit | None = None) -> Iterator[dict[str, Any]]:
+def read_inputs(
+    path: str,
+    vocabulary,
+    inputs_length: int,
+    add_eos: bool = True,
+    prompt_limit: PromptLimit | None = None,
+) -> Iterator[dict[str, Any]]:
     """Examples from a .txt (one input a line) or .jsonl (`inputs` field) file; EOS ends each
     input as in the tasks' examples, unless `add_eos=False` (a prompt to continue). Inputs
     longer than `inputs_length` are cut to it, as the tasks' are; with `prompt_limit`
@@ -94,20 +103,24 @@ def read_inputs(path: str, vocabulary, inputs_length: int, add_eos: bool = True,
                 f"{path}:{n}: the prompt is {len(ids) + int(add_eos)} tokens, longer than the "
                 f"{prompt_limit.tokens} of infer.task_feature_lengths['inputs'] (a cut prompt "
                 f"would be continued from the wrong place); shorten the line, or "
-                f"{prompt_limit.how_to_raise}.")
-        ids = ids[:inputs_length - int(add_eos)] + ([vocabulary.eos_id] if add_eos else [])
+                f"{prompt_limit.how_to_raise}."
+            )
+        ids = ids[: inputs_length - int(add_eos)] + ([vocabulary.eos_id] if add_eos else [])
         yield {"inputs": np.array(ids, np.int32), "inputs_pretokenized": text.encode()}
 
 
-def read_all_inputs(path: str, vocabulary, inputs_length: int, add_eos: bool,
-                    prompt_limit: PromptLimit | None) -> list[dict[str, Any]]:
+def read_all_inputs(
+    path: str, vocabulary, inputs_length: int, add_eos: bool, prompt_limit: PromptLimit | None
+) -> list[dict[str, Any]]:
     """Every example of the file, read before a checkpoint is restored (a bad line is found
     in seconds, not after the model is loaded); a file without any is refused."""
     examples = list(read_inputs(path, vocabulary, inputs_length, add_eos, prompt_limit))
     if not examples:
-        raise ConfigError(f"infer.input_file {path} has no prompts: every line is blank. Give "
-                          "one input a line (.txt) or one {\"inputs\": ...} object a line "
-                          "(.jsonl).")
+        raise ConfigError(
+            f"infer.input_file {path} has no prompts: every line is blank. Give "
+            'one input a line (.txt) or one {"inputs": ...} object a line '
+            "(.jsonl)."
+        )
     return examples
 
 
@@ -136,24 +149,39 @@ def check_decode_fits(model, feature_lengths: Mapping[str, int]) -> PromptLimit 
             f"{targets} = {1 + inputs + targets} positions (start token, prompt, new tokens), "
             f"but the model has {limit} learned positions ({type(cfg).__name__}."
             f"max_position_embeddings); make 'inputs' + 'targets' at most {limit - 1}, e.g. "
-            f"--gin.infer.task_feature_lengths=\"{_lengths_that_fit(limit, targets)}\".")
-    room = (f" (up to {limit - 1 - targets} with 'targets': {targets}: the model has {limit} "
-            f"learned positions, {type(cfg).__name__}.max_position_embeddings)") if learned else ""
+            f'--gin.infer.task_feature_lengths="{_lengths_that_fit(limit, targets)}".'
+        )
+    room = (
+        (
+            f" (up to {limit - 1 - targets} with 'targets': {targets}: the model has {limit} "
+            f"learned positions, {type(cfg).__name__}.max_position_embeddings)"
+        )
+        if learned
+        else ""
+    )
     return PromptLimit(inputs, f"raise --gin.infer.task_feature_lengths 'inputs'{room}")
 
 
 @gin.configurable
-def infer(checkpoint: str | None = None, task: str | None = None, split: str = "validation",
-          input_file: str | None = None, output_file: str | None = None,
-          task_feature_lengths: Mapping[str, int] = (("inputs", 512), ("targets", 114)),
-          batch_size: int = 32, max_examples: int | None = None,
-          model_class: Callable[[], Any] = EncoderDecoderModel,
-          add_eos: bool = True) -> list[dict[str, Any]]:
+def infer(
+    checkpoint: str | None = None,
+    task: str | None = None,
+    split: str = "validation",
+    input_file: str | None = None,
+    output_file: str | None = None,
+    task_feature_lengths: Mapping[str, int] = (("inputs", 512), ("targets", 114)),
+    batch_size: int = 32,
+    max_examples: int | None = None,
+    model_class: Callable[[], Any] = EncoderDecoderModel,
+    add_eos: bool = True,
+) -> list[dict[str, Any]]:
     """Predictions of `model_class` (T5 by default; `@DecoderOnlyModel` continues each input
     as its prompt, `add_eos=False` for a plain language model) for a file or a task split."""
     if not task:
-        raise ConfigError("infer.task (--gin.INFER_TASK=...) names the task whose vocabulary "
-                          "(and, without infer.input_file, whose examples) to use.")
+        raise ConfigError(
+            "infer.task (--gin.INFER_TASK=...) names the task whose vocabulary "
+            "(and, without infer.input_file, whose examples) to use."
+        )
     require_checkpoint(checkpoint)
     feature_lengths = dict(task_feature_lengths)
     task_obj = input_pipeline.resolve_task(task)
@@ -162,20 +190,32 @@ def infer(checkpoint: str | None = None, task: str | None = None, split: str = "
     vocabulary = task_obj.output_features["targets"].vocabulary
     model = model_class()
     prompt_limit = check_decode_fits(model, feature_lengths)
-    examples = (read_all_inputs(input_file, vocabulary, feature_lengths["inputs"], add_eos,
-                                prompt_limit)
-                if input_file
-                else evaluation.task_examples(task, split, feature_lengths, max_examples))
+    examples = (
+        read_all_inputs(input_file, vocabulary, feature_lengths["inputs"], add_eos, prompt_limit)
+        if input_file
+        else evaluation.task_examples(task, split, feature_lengths, max_examples)
+    )
     model, params = restore_model(checkpoint, lambda: model)
-    predict_fn = evaluation.make_predict_fn(model, feature_lengths["targets"],
-                                            decoding.DecodeConfig())
-    total = (len(examples) if input_file
-             else evaluation.expected_examples(task_obj, split, max_examples))
-    predictions = evaluation.predict(predict_fn, params, examples, vocabulary, batch_size,
-                                     feature_lengths["inputs"], progress="infer", total=total)
+    predict_fn = evaluation.make_predict_fn(
+        model, feature_lengths["targets"], decoding.DecodeConfig()
+    )
+    total = (
+        len(examples) if input_file else evaluation.expected_examples(task_obj, split, max_examples)
+    )
+    predictions = evaluation.predict(
+        predict_fn,
+        params,
+        examples,
+        vocabulary,
+        batch_size,
+        feature_lengths["inputs"],
+        progress="infer",
+        total=total,
+    )
     records = [p.to_json() for p in predictions]
-    output_file = output_file or os.path.join(default_output_dir(checkpoint, "infer"),
-                                              f"{task}.jsonl")
+    output_file = output_file or os.path.join(
+        default_output_dir(checkpoint, "infer"), f"{task}.jsonl"
+    )
     if jax.process_index() == 0:
         evaluation.write_jsonl(output_file, records)
     logs.log(f"wrote {len(records)} predictions to {output_file}")
@@ -184,4 +224,3 @@ def infer(checkpoint: str | None = None, task: str | None = None, split: str = "
 
 def main(argv: Sequence[str] | None = None) -> int:
     return cli.run(infer, argv, __doc__.split("\n\n")[0])
-

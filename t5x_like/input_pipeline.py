@@ -7,9 +7,8 @@ training loop numpy batches of exactly the features the model reads.
 
 from __future__ import annotations
 
-import hashlib
-
 import difflib
+import hashlib
 import os
 from typing import Mapping
 
@@ -34,19 +33,23 @@ def resolve_task(name: str) -> seqio.Task | seqio.Mixture:
     names = list(seqio.TaskRegistry.names()) + list(seqio.MixtureRegistry.names())
     if name not in names:
         if not names:
-            raise ConfigError(f"Unknown task or mixture {name!r}: no task is registered. Import "
-                              "the module that registers it first (`import tasks` for this "
-                              "repository's tasks), or run through python -m t5x_like.train, "
-                              "which does.")
+            raise ConfigError(
+                f"Unknown task or mixture {name!r}: no task is registered. Import "
+                "the module that registers it first (`import tasks` for this "
+                "repository's tasks), or run through python -m t5x_like.train, "
+                "which does."
+            )
         close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
         hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-        raise ConfigError(f"Unknown task or mixture {name!r}.{hint} Registered: "
-                         f"{', '.join(sorted(names))}.")
+        raise ConfigError(
+            f"Unknown task or mixture {name!r}.{hint} Registered: {', '.join(sorted(names))}."
+        )
     return seqio.get_mixture_or_task(name)
 
 
-def _tasks_of(task_or_mixture: seqio.Task | seqio.Mixture,
-              split: str | None = None) -> list[seqio.Task]:
+def _tasks_of(
+    task_or_mixture: seqio.Task | seqio.Mixture, split: str | None = None
+) -> list[seqio.Task]:
     """The task, or the mixture's tasks; with `split`, only the members that have it, as
     seqio's `Mixture.get_dataset` reads only those (the T5 library's GLUE and SuperGLUE
     mixtures hold evaluation-only members without a `train` split, and DPR has no
@@ -68,8 +71,7 @@ def check_data_available(task_or_mixture: seqio.Task | seqio.Mixture, split: str
     """Fail now, with instructions, if a TFDS dataset the task reads is not prepared."""
     members = _tasks_of(task_or_mixture, split)
     if not members:
-        raise ConfigError(f"No task of mixture {task_or_mixture.name!r} has a {split!r} "
-                          "split.")
+        raise ConfigError(f"No task of mixture {task_or_mixture.name!r} has a {split!r} split.")
     for task in members:
         source = task.source
         source = getattr(source, "source", source)  # a LazySource decides now
@@ -77,13 +79,15 @@ def check_data_available(task_or_mixture: seqio.Task | seqio.Mixture, split: str
             raise ConfigError(
                 f"Task {task.name!r} has no files for split {split!r} (it reads "
                 f"{dict(source._split_to_filepattern)}). Bind the split's files "
-                f"(e.g. text_corpus.{split}_files=...) or use another split.")
+                f"(e.g. text_corpus.{split}_files=...) or use another split."
+            )
         if isinstance(source, seqio.FileDataSource):
             if not source.list_shards(split):
                 raise ConfigError(
                     f"Task {task.name!r} reads files {source._split_to_filepattern[split]!r} "
                     f"for split {split!r}, and none exist. Check the path (c4_files.json_dir "
-                    "or text_corpus.*_files).")
+                    "or text_corpus.*_files)."
+                )
             if isinstance(source, (text_files.TextFileDataSource, text_files.JsonlDataSource)):
                 text_files.check_text_files(source.list_shards(split))
             continue
@@ -93,8 +97,10 @@ def check_data_available(task_or_mixture: seqio.Task | seqio.Mixture, split: str
         try:
             tfds_split = loader._map_split(split)  # seqio's task split -> TFDS split mapping
         except KeyError:
-            raise ConfigError(f"Task {task.name!r} has no split {split!r}; it has "
-                              f"{list(loader.tfds_splits or {})}.") from None
+            raise ConfigError(
+                f"Task {task.name!r} has no split {split!r}; it has "
+                f"{list(loader.tfds_splits or {})}."
+            ) from None
         data_dir = loader.data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets"
         try:
             builder = loader.builder
@@ -104,18 +110,27 @@ def check_data_available(task_or_mixture: seqio.Task | seqio.Mixture, split: str
             prepared = has_split = False
         if not prepared:
             dataset = loader.name.split(":")[0]
-            how = (" (C4 needs Apache Beam and the Common Crawl dumps; prepare it once on a "
-                   "cluster, or read downloaded json.gz shards with c4_files.json_dir)"
-                   if dataset.startswith("c4") else "")
-            offline = (", or train on the offline corpus: --gin.TASK=offline_span_corruption"
-                       if split == "train" else "")
+            how = (
+                " (C4 needs Apache Beam and the Common Crawl dumps; prepare it once on a "
+                "cluster, or read downloaded json.gz shards with c4_files.json_dir)"
+                if dataset.startswith("c4")
+                else ""
+            )
+            offline = (
+                ", or train on the offline corpus: --gin.TASK=offline_span_corruption"
+                if split == "train"
+                else ""
+            )
             raise ConfigError(
                 f"Task {task.name!r} reads TFDS dataset {loader.name!r}, which is not prepared "
                 f"in {data_dir}. Build it with `tfds build {dataset} --data_dir=DIR`{how} and "
-                f"pass --gin.TFDS_DATA_DIR=DIR{offline}.")
+                f"pass --gin.TFDS_DATA_DIR=DIR{offline}."
+            )
         if not has_split:
-            raise ConfigError(f"TFDS dataset {loader.name!r} has no split {tfds_split!r}; it has "
-                             f"{sorted(builder.info.splits)}.")
+            raise ConfigError(
+                f"TFDS dataset {loader.name!r} has no split {tfds_split!r}; it has "
+                f"{sorted(builder.info.splits)}."
+            )
 
 
 def check_vocabulary(task_or_mixture: seqio.Task | seqio.Mixture, model_vocab_size: int) -> None:
@@ -132,13 +147,15 @@ def check_vocabulary(task_or_mixture: seqio.Task | seqio.Mixture, model_vocab_si
                     f"({vocab.vocab_size} pieces) but the model has {model_vocab_size} token "
                     "embeddings. Use the checkpoint's own vocab.txt "
                     "(--gin.bert_vocab_path.path=DIR/vocab.txt) or a model gin file with "
-                    f"BertConfig.vocab_size = {vocab.vocab_size}.")
+                    f"BertConfig.vocab_size = {vocab.vocab_size}."
+                )
             if feature.vocabulary.vocab_size > model_vocab_size:
                 raise ConfigError(
                     f"Task {task.name!r} feature {key!r} uses a vocabulary of "
                     f"{feature.vocabulary.vocab_size} ids but the model has only "
                     f"{model_vocab_size}; set T5Config.vocab_size >= "
-                    f"{feature.vocabulary.vocab_size} (T5 pads 32100 to 32128).")
+                    f"{feature.vocabulary.vocab_size} (T5 pads 32100 to 32128)."
+                )
 
 
 def vocabulary_identity(vocabulary: seqio.Vocabulary) -> dict:
@@ -148,17 +165,27 @@ def vocabulary_identity(vocabulary: seqio.Vocabulary) -> dict:
     from t5x_like.data.wordpiece import WordPieceVocabulary
 
     if isinstance(vocabulary, seqio.SentencePieceVocabulary):
-        return {"kind": "SentencePiece", "sha256": hashlib.sha256(vocabulary.sp_model).hexdigest(),
-                "extra_ids": vocabulary.extra_ids,
-                "file": str(vocabulary.sentencepiece_model_file)}
+        return {
+            "kind": "SentencePiece",
+            "sha256": hashlib.sha256(vocabulary.sp_model).hexdigest(),
+            "extra_ids": vocabulary.extra_ids,
+            "file": str(vocabulary.sentencepiece_model_file),
+        }
     if isinstance(vocabulary, WordPieceVocabulary):
         with open(vocabulary.vocab_path, "rb") as f:
             digest = hashlib.sha256(f.read()).hexdigest()
-        return {"kind": "WordPiece", "sha256": digest, "lower_case": vocabulary.lower_case,
-                "file": vocabulary.vocab_path}
+        return {
+            "kind": "WordPiece",
+            "sha256": digest,
+            "lower_case": vocabulary.lower_case,
+            "file": vocabulary.vocab_path,
+        }
     pieces = "\n".join(vocabulary.decode([i]) for i in range(vocabulary.vocab_size))
-    return {"kind": type(vocabulary).__name__,
-            "sha256": hashlib.sha256(pieces.encode("utf-8")).hexdigest(), "file": ""}
+    return {
+        "kind": type(vocabulary).__name__,
+        "sha256": hashlib.sha256(pieces.encode("utf-8")).hexdigest(),
+        "file": "",
+    }
 
 
 def task_vocabularies(task_or_mixture: seqio.Task | seqio.Mixture) -> dict[str, dict]:
@@ -174,15 +201,18 @@ def task_vocabularies(task_or_mixture: seqio.Task | seqio.Mixture) -> dict[str, 
 
 def same_vocabulary(a: dict, b: dict) -> bool:
     return {k: v for k, v in a.items() if k != "file"} == {
-        k: v for k, v in b.items() if k != "file"}
+        k: v for k, v in b.items() if k != "file"
+    }
 
 
-def check_resumed_vocabulary(saved: Mapping[str, dict], current: Mapping[str, dict],
-                             model_dir: str, task_name: str) -> None:
+def check_resumed_vocabulary(
+    saved: Mapping[str, dict], current: Mapping[str, dict], model_dir: str, task_name: str
+) -> None:
     """A resumed run must read the vocabulary its checkpoint was trained with."""
     for key, before in saved.items():
         now = current.get(key)
         if now is not None and not same_vocabulary(before, now):
+
             def name(v: dict) -> str:
                 return f"{v['kind']} {v.get('file') or '(built in)'} (sha256 {v['sha256'][:12]})"
 
@@ -190,7 +220,8 @@ def check_resumed_vocabulary(saved: Mapping[str, dict], current: Mapping[str, di
                 f"MODEL_DIR {model_dir} was trained with the {key!r} vocabulary {name(before)}, "
                 f"but task {task_name!r} reads {name(now)}: the same ids would mean other "
                 "pieces. Resume with the checkpoint's vocabulary, or start a new MODEL_DIR "
-                "(--gin.train.init_checkpoint to start from its parameters).")
+                "(--gin.train.init_checkpoint to start from its parameters)."
+            )
 
 
 def check_num_labels(task_or_mixture: seqio.Task | seqio.Mixture, model) -> None:
@@ -204,23 +235,32 @@ def check_num_labels(task_or_mixture: seqio.Task | seqio.Mixture, model) -> None
         labels = head.num_labels if head else None
         if combine is not None and head is not None and head.combine is not None:
             if head.combine != combine:
-                raise ConfigError(f"Task {task.name!r} frames its inputs for "
-                                  f"{name}.combine = {head.combine!r}, not "
-                                  f"{combine!r}; bind that.")
+                raise ConfigError(
+                    f"Task {task.name!r} frames its inputs for "
+                    f"{name}.combine = {head.combine!r}, not "
+                    f"{combine!r}; bind that."
+                )
             if getattr(model.config, "num_special_tokens", 0) < 3:
-                raise ConfigError(f"Task {task.name!r} uses GPT-1's start, delimiter and "
-                                  "extract tokens; bind GPTConfig.num_special_tokens = 3.")
+                raise ConfigError(
+                    f"Task {task.name!r} uses GPT-1's start, delimiter and "
+                    "extract tokens; bind GPTConfig.num_special_tokens = 3."
+                )
             if combine == "choices":
                 continue  # the head scores each candidate: no label count to match
         if wanted is not None and labels is not None and labels != wanted:
             kind = "1 (regression)" if labels == 1 else str(labels)
             raise ConfigError(
                 f"Task {task.name!r} has {kind} labels but the model's head has {wanted} "
-                f"outputs; bind {name}.num_labels = {labels}.")
+                f"outputs; bind {name}.num_labels = {labels}."
+            )
 
 
-def check_sequence_fits(model, task_feature_lengths: Mapping[str, int], pack: bool,
-                        binding: str = "train.task_feature_lengths") -> None:
+def check_sequence_fits(
+    model,
+    task_feature_lengths: Mapping[str, int],
+    pack: bool,
+    binding: str = "train.task_feature_lengths",
+) -> None:
     """The model's sequences must fit its learned position table (BERT, GPT): otherwise the
     first step would fail inside the compiled model, after minutes of set-up."""
     cfg = model.config
@@ -228,29 +268,34 @@ def check_sequence_fits(model, task_feature_lengths: Mapping[str, int], pack: bo
     if limit is None or not getattr(cfg, "learned_positions", True):
         return  # relative positions (T5) or none: any length is representable
     lengths = model.feature_converter(pack).get_model_feature_lengths(dict(task_feature_lengths))
-    longest = max(lengths.get(k, 0) for k in ("input_ids", "decoder_input_tokens",
-                                               "decoder_target_tokens"))
+    longest = max(
+        lengths.get(k, 0) for k in ("input_ids", "decoder_input_tokens", "decoder_target_tokens")
+    )
     if longest > limit:
         raise ConfigError(
             f"{binding}={dict(task_feature_lengths)} makes sequences of {longest} tokens, but "
             f"the model has {limit} learned positions ({type(cfg).__name__}."
             f"max_position_embeddings). Shorten the feature lengths, or use a model with "
-            f"max_position_embeddings >= {longest}.")
+            f"max_position_embeddings >= {longest}."
+        )
 
 
-def check_not_empty(first_batch, task_name: str, split: str,
-                    task_feature_lengths: Mapping[str, int]) -> None:
+def check_not_empty(
+    first_batch, task_name: str, split: str, task_feature_lengths: Mapping[str, int]
+) -> None:
     """`first_batch` is None when the pipeline gave nothing: say why it may be, now."""
     if first_batch is None:
         raise ConfigError(
             f"Task {task_name!r} gives no {split!r} examples at {dict(task_feature_lengths)}: "
             "the source is empty or the task's preprocessors filtered every example out "
             "(e.g. all texts too short, or every line blank). Check the data files and the "
-            "task's filters.")
+            "task's filters."
+        )
 
 
-def steps_for_epochs(task_or_mixture: seqio.Task | seqio.Mixture, epochs: float,
-                     batch_size: int) -> int:
+def steps_for_epochs(
+    task_or_mixture: seqio.Task | seqio.Mixture, epochs: float, batch_size: int
+) -> int:
     """Training steps for `epochs` passes over the train split (the reference's
     int(num_examples / batch_size * epochs)), from the dataset's own example count (of a
     mixture's members that are trained on: a `train` split and a rate above 0)."""
@@ -265,16 +310,26 @@ def steps_for_epochs(task_or_mixture: seqio.Task | seqio.Mixture, epochs: float,
         else:
             why = ""
         if not count:
-            raise ConfigError(f"Task {task.name!r} cannot count its training examples{why}; "
-                              "set train.train_steps instead of train.train_epochs.")
+            raise ConfigError(
+                f"Task {task.name!r} cannot count its training examples{why}; "
+                "set train.train_steps instead of train.train_epochs."
+            )
         total += count
     return max(1, int(total / batch_size * epochs))
 
 
-def get_dataset(task_name: str, task_feature_lengths: Mapping[str, int], batch_size: int,
-                split: str, shuffle: bool, seed: int | None, num_epochs: int | None,
-                pack: bool = True, model=None,
-                shard_info: seqio.ShardInfo | None = None) -> tf.data.Dataset:
+def get_dataset(
+    task_name: str,
+    task_feature_lengths: Mapping[str, int],
+    batch_size: int,
+    split: str,
+    shuffle: bool,
+    seed: int | None,
+    num_epochs: int | None,
+    pack: bool = True,
+    model=None,
+    shard_info: seqio.ShardInfo | None = None,
+) -> tf.data.Dataset:
     """Batches of this process's share of the global batch, with the model's features only
     (T5's unless `model` brings its own feature converter and feature names). With
     `shard_info`, batches of `batch_size` rows of that shard of the data instead (the
@@ -283,16 +338,27 @@ def get_dataset(task_name: str, task_feature_lengths: Mapping[str, int], batch_s
     if shard_info is None:
         process_count = jax.process_count()
         if batch_size % process_count:
-            raise ConfigError(f"batch_size={batch_size} is not divisible by the {process_count} "
-                              "processes.")
+            raise ConfigError(
+                f"batch_size={batch_size} is not divisible by the {process_count} processes."
+            )
         shard_info = seqio.ShardInfo(jax.process_index(), process_count)
         batch_size //= process_count
     ds = seqio.get_dataset(
-        task_name, task_feature_lengths=dict(task_feature_lengths),
-        feature_converter=(model.feature_converter(pack) if model is not None
-                           else seqio.EncDecFeatureConverter(pack=pack)), dataset_split=split,
-        shuffle=shuffle, num_epochs=num_epochs, seed=seed,
-        shard_info=shard_info, batch_size=batch_size)
+        task_name,
+        task_feature_lengths=dict(task_feature_lengths),
+        feature_converter=(
+            model.feature_converter(pack)
+            if model is not None
+            else seqio.EncDecFeatureConverter(pack=pack)
+        ),
+        dataset_split=split,
+        shuffle=shuffle,
+        num_epochs=num_epochs,
+        seed=seed,
+        shard_info=shard_info,
+        batch_size=batch_size,
+    )
     features = model.FEATURES if model is not None else MODEL_FEATURES
-    return ds.map(lambda ex: {k: ex[k] for k in features if k in ex},
-                  num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    return ds.map(
+        lambda ex: {k: ex[k] for k in features if k in ex}, num_parallel_calls=tf.data.AUTOTUNE
+    ).prefetch(tf.data.AUTOTUNE)

@@ -40,12 +40,25 @@ def log(message: str, file: Any = None) -> None:
     out.flush()
 
 
-def progress(iterable: Iterable | None = None, *, desc: str, total: float | None = None,
-             unit: str = "it", **kwargs: Any) -> tqdm:
+def progress(
+    iterable: Iterable | None = None,
+    *,
+    desc: str,
+    total: float | None = None,
+    unit: str = "it",
+    **kwargs: Any,
+) -> tqdm:
     """A tqdm bar on stderr in train's style: `desc: 40%|####  | 4/10 [00:08<00:12, 2.0it/s]`
     (count, elapsed<ETA, rate; ETA needs `total`). `kwargs` go to tqdm (e.g. unit_scale)."""
-    return tqdm(iterable, desc=desc, total=total, unit=unit, dynamic_ncols=True,
-                mininterval=1.0 if sys.stderr.isatty() else 30.0, **kwargs)
+    return tqdm(
+        iterable,
+        desc=desc,
+        total=total,
+        unit=unit,
+        dynamic_ncols=True,
+        mininterval=1.0 if sys.stderr.isatty() else 30.0,
+        **kwargs,
+    )
 
 
 def unstamped(text: str) -> list[str]:

@@ -11,9 +11,13 @@ import numpy as np
 Array = jax.Array
 
 
-def cross_entropy_with_logits(logits: Array, targets: Array, weights: Array | None = None,
-                              label_smoothing: float = 0.0,
-                              z_loss: float = 0.0) -> tuple[Array, Array]:
+def cross_entropy_with_logits(
+    logits: Array,
+    targets: Array,
+    weights: Array | None = None,
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+) -> tuple[Array, Array]:
     """Per-token cross-entropy (float32) and the z-loss part of it.
 
     z-loss adds `z_loss * logsumexp(logits)^2`, which keeps the softmax normaliser near 1 (used
@@ -28,7 +32,8 @@ def cross_entropy_with_logits(logits: Array, targets: Array, weights: Array | No
     confidence = 1.0 - label_smoothing
     low = label_smoothing / (vocab - 1)
     normalizing_constant = -(
-        confidence * np.log(confidence) + (vocab - 1) * low * np.log(low + 1e-20))
+        confidence * np.log(confidence) + (vocab - 1) * low * np.log(low + 1e-20)
+    )
     log_z = jax.nn.logsumexp(logits, axis=-1)
     # -sum_v soft_v * log p_v with soft = low + (confidence - low) * one_hot(target), written
     # without the (batch, length, vocab) one-hot: a gather for the target's logit and, when
@@ -55,20 +60,31 @@ def target_is_argmax(logits: Array, targets: Array) -> Array:
     return ~jnp.any(beaten, axis=-1)
 
 
-def loss_sums(logits: Array, targets: Array, weights: Array, label_smoothing: float = 0.0,
-              z_loss: float = 0.0) -> dict[str, Array]:
+def loss_sums(
+    logits: Array, targets: Array, weights: Array, label_smoothing: float = 0.0, z_loss: float = 0.0
+) -> dict[str, Array]:
     """Summed weighted cross-entropy, its z-loss part and the correct argmax predictions:
     sums, so they add up across chunks and micro-batches."""
-    token_loss, z_part = cross_entropy_with_logits(logits, targets, weights, label_smoothing,
-                                                   z_loss)
+    token_loss, z_part = cross_entropy_with_logits(
+        logits, targets, weights, label_smoothing, z_loss
+    )
     correct = target_is_argmax(logits, targets).astype(jnp.float32) * weights
-    return {"loss_sum": jnp.sum(token_loss), "z_loss_sum": jnp.sum(z_part),
-            "correct": jnp.sum(correct)}
+    return {
+        "loss_sum": jnp.sum(token_loss),
+        "z_loss_sum": jnp.sum(z_part),
+        "correct": jnp.sum(correct),
+    }
 
 
-def chunked_loss_sums(logits_from_hidden: Callable[[Array], Array], hidden: Array,
-                      targets: Array, weights: Array, chunk_length: int,
-                      label_smoothing: float = 0.0, z_loss: float = 0.0) -> dict[str, Array]:
+def chunked_loss_sums(
+    logits_from_hidden: Callable[[Array], Array],
+    hidden: Array,
+    targets: Array,
+    weights: Array,
+    chunk_length: int,
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+) -> dict[str, Array]:
     """`loss_sums` without ever holding the (batch, length, vocab) float32 logits.
 
     The output layer runs on `chunk_length` positions of every row at a time inside a
@@ -98,8 +114,11 @@ def chunked_loss_sums(logits_from_hidden: Callable[[Array], Array], hidden: Arra
         return {k: total[k] + sums[k] for k in total}, None
 
     zero = jnp.zeros((), jnp.float32)
-    total, _ = jax.lax.scan(step, {"loss_sum": zero, "z_loss_sum": zero, "correct": zero},
-                            (by_chunk(hidden), by_chunk(targets), by_chunk(weights)))
+    total, _ = jax.lax.scan(
+        step,
+        {"loss_sum": zero, "z_loss_sum": zero, "correct": zero},
+        (by_chunk(hidden), by_chunk(targets), by_chunk(weights)),
+    )
     return total
 
 
@@ -113,8 +132,8 @@ def normalizing_factor(weight_sum: Array, loss_normalizing_factor: float | str |
     """Divisor for the summed loss.
 
     'num_real_target_tokens' (default): `weight_sum`, the number of non-padding target tokens,
-    so the loss is a per-token mean. A number: a constant, as Mesh-TF T5 used (e.g. 233472 = 2048 x 114) so
-    that every token counts the same whatever the batch's padding. None: no normalisation.
+    so the loss is a per-token mean. A number: a constant, as Mesh-TF T5 used (e.g. 233472 = 2048 x
+    114) so that every token counts the same whatever the batch's padding. None: no normalisation.
     """
     if loss_normalizing_factor is None:
         return jnp.asarray(1.0, jnp.float32)
@@ -122,6 +141,7 @@ def normalizing_factor(weight_sum: Array, loss_normalizing_factor: float | str |
         if loss_normalizing_factor != "num_real_target_tokens":
             raise ValueError(
                 f"loss_normalizing_factor={loss_normalizing_factor!r}: use a number, None or "
-                "'num_real_target_tokens'.")
+                "'num_real_target_tokens'."
+            )
         return jnp.maximum(jnp.asarray(weight_sum, jnp.float32), 1.0)
     return jnp.asarray(float(loss_normalizing_factor), jnp.float32)

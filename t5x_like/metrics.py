@@ -43,8 +43,7 @@ def accuracy(targets: Sequence[Any], predictions: Sequence[Any]) -> dict[str, fl
     return {"accuracy": 100 * _sklearn_metrics().accuracy_score(targets, predictions)}
 
 
-def f1_score_with_invalid(targets: Sequence[int],
-                          predictions: Sequence[int]) -> dict[str, float]:
+def f1_score_with_invalid(targets: Sequence[int], predictions: Sequence[int]) -> dict[str, float]:
     """Binary F1 of label 1 (GLUE's MRPC/QQP); a prediction that is neither 0 nor 1 is
     replaced by the opposite of its target, so it is always wrong (t5's
     `f1_score_with_invalid`)."""
@@ -73,8 +72,9 @@ def mean_multiclass_f1(num_classes: int) -> MetricFn:
     accuracy]` for CB and this returns both, under t5's keys."""
 
     def metric(targets: Sequence[int], predictions: Sequence[int]) -> dict[str, float]:
-        f1 = _sklearn_metrics().fbeta_score(targets, predictions, beta=1,
-                                            labels=range(num_classes), average="macro")
+        f1 = _sklearn_metrics().fbeta_score(
+            targets, predictions, beta=1, labels=range(num_classes), average="macro"
+        )
         return {f"mean_{num_classes}class_f1": 100 * f1, **accuracy(targets, predictions)}
 
     metric.__name__ = f"mean_{num_classes}class_f1"
@@ -88,14 +88,14 @@ def pearson_corrcoef(targets: Sequence[float], predictions: Sequence[float]) -> 
     return {"pearson_corrcoef": 100 * scipy.stats.pearsonr(targets, predictions)[0]}
 
 
-def spearman_corrcoef(targets: Sequence[float],
-                      predictions: Sequence[float]) -> dict[str, float]:
+def spearman_corrcoef(targets: Sequence[float], predictions: Sequence[float]) -> dict[str, float]:
     """`scipy.stats.spearmanr` x 100 (t5's `spearman_corrcoef`)."""
     return {"spearman_corrcoef": 100 * scipy.stats.spearmanr(targets, predictions)[0]}
 
 
-def pearson_and_spearman(targets: Sequence[float],
-                         predictions: Sequence[float]) -> dict[str, float]:
+def pearson_and_spearman(
+    targets: Sequence[float], predictions: Sequence[float]
+) -> dict[str, float]:
     """STS-B: t5 registers `[pearson_corrcoef, spearman_corrcoef]`. An unparseable output
     was scored -1 by the postprocessor and stays in, a wrong score."""
     return {**pearson_corrcoef(targets, predictions), **spearman_corrcoef(targets, predictions)}
@@ -107,13 +107,15 @@ def all_match(targets: Sequence[Any], predictions: Sequence[Any]) -> dict[str, f
     return {"exact_match": 100 * float(np.array_equal(targets, predictions))}
 
 
-def mean_group_metric(metric_fn: MetricFn, group_key: str = "group",
-                      value_key: str = "value") -> MetricFn:
+def mean_group_metric(
+    metric_fn: MetricFn, group_key: str = "group", value_key: str = "value"
+) -> MetricFn:
     """`metric_fn` on the examples of each group (`target[group_key]`), averaged over the
     groups (t5's `mean_group_metric`: MultiRC's exact match is per question)."""
 
-    def metric(targets: Sequence[Mapping[str, Any]],
-               predictions: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    def metric(
+        targets: Sequence[Mapping[str, Any]], predictions: Sequence[Mapping[str, Any]]
+    ) -> dict[str, float]:
         grouped: dict[Any, tuple[list, list]] = collections.defaultdict(lambda: ([], []))
         for target, prediction in zip(targets, predictions):
             group = grouped[target[group_key]]
@@ -128,13 +130,15 @@ def mean_group_metric(metric_fn: MetricFn, group_key: str = "group",
     return metric
 
 
-def deduplicate_metric(metric_fn: MetricFn, group_key: str = "group",
-                       value_key: str = "value") -> MetricFn:
+def deduplicate_metric(
+    metric_fn: MetricFn, group_key: str = "group", value_key: str = "value"
+) -> MetricFn:
     """`metric_fn` on the first example of each group only (t5's `deduplicate_metric`:
     ReCoRD trains on one example per gold answer but scores each query once)."""
 
-    def metric(targets: Sequence[Mapping[str, Any]],
-               predictions: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    def metric(
+        targets: Sequence[Mapping[str, Any]], predictions: Sequence[Mapping[str, Any]]
+    ) -> dict[str, float]:
         seen, kept_targets, kept_predictions = set(), [], []
         for target, prediction in zip(targets, predictions):
             if target[group_key] in seen:
@@ -147,21 +151,24 @@ def deduplicate_metric(metric_fn: MetricFn, group_key: str = "group",
     return metric
 
 
-def multirc_f1_over_all_answers(targets: Sequence[Mapping[str, Any]],
-                                predictions: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+def multirc_f1_over_all_answers(
+    targets: Sequence[Mapping[str, Any]], predictions: Sequence[Mapping[str, Any]]
+) -> dict[str, float]:
     """MultiRC's F1a: binary F1 over every answer option (`f1_score_with_invalid` on the
     "value"s, as t5's `multirc_f1_over_all_answers`)."""
-    return f1_score_with_invalid([t["value"] for t in targets],
-                                 [p["value"] for p in predictions])
+    return f1_score_with_invalid([t["value"] for t in targets], [p["value"] for p in predictions])
 
 
-def multirc_f1a_and_em(targets: Sequence[Mapping[str, Any]],
-                       predictions: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+def multirc_f1a_and_em(
+    targets: Sequence[Mapping[str, Any]], predictions: Sequence[Mapping[str, Any]]
+) -> dict[str, float]:
     """MultiRC: t5 registers `[multirc_f1_over_all_answers, mean_group_metric(all_match)]`:
     F1a as "f1" and the share of questions with every option right as "exact_match".
     Targets are {"value": 0/1, "group": question}, predictions {"value": label id}."""
-    return {**multirc_f1_over_all_answers(targets, predictions),
-            **mean_group_metric(all_match)(targets, predictions)}
+    return {
+        **multirc_f1_over_all_answers(targets, predictions),
+        **mean_group_metric(all_match)(targets, predictions),
+    }
 
 
 # ----------------------------------------------------------------------- SQuAD family
@@ -194,13 +201,16 @@ def squad(targets: Sequence[Sequence[str]], predictions: Sequence[str]) -> dict[
     if len(targets) != len(predictions):
         raise ValueError("Number of targets and predictions must match.")
     if any(len(answers) == 0 for answers in targets):
-        raise ValueError("SQuAD v1.1 needs a gold answer per question (an unanswerable "
-                         "question is scored by metrics.squad_v2).")
+        raise ValueError(
+            "SQuAD v1.1 needs a gold answer per question (an unanswerable "
+            "question is scored by metrics.squad_v2)."
+        )
     targets = [[normalize_answer(a) for a in answers] for answers in targets]
     predictions = [normalize_answer(p) for p in predictions]
     em = np.mean([max(a == p for a in answers) for answers, p in zip(targets, predictions)])
-    f1 = np.mean([max(_token_f1(a, p) for a in answers)
-                  for answers, p in zip(targets, predictions)])
+    f1 = np.mean(
+        [max(_token_f1(a, p) for a in answers) for answers, p in zip(targets, predictions)]
+    )
     return {"em": 100 * em, "f1": 100 * f1}
 
 
@@ -217,16 +227,18 @@ def squad_v2(targets: Sequence[Sequence[str]], predictions: Sequence[str]) -> di
     answers that normalise to nothing are dropped, a question left without any is
     unanswerable (gold ""), right only for an empty prediction. (The T5 library has no v2.0
     metric; BERT's SQuAD 2.0 results use this script.)"""
-    golds = [[normalize_answer(a) for a in answers if normalize_answer(a)] or [""]
-             for answers in targets]
+    golds = [
+        [normalize_answer(a) for a in answers if normalize_answer(a)] or [""] for answers in targets
+    ]
     guesses = [normalize_answer(p) for p in predictions]
     em = [max(float(a == p) for a in answers) for answers, p in zip(golds, guesses)]
     f1 = [max(_token_f1_v2(a, p) for a in answers) for answers, p in zip(golds, guesses)]
     return {"em": 100.0 * float(np.mean(em)), "f1": 100.0 * float(np.mean(f1))}
 
 
-def record(targets: Sequence[Mapping[str, Any]],
-           predictions: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+def record(
+    targets: Sequence[Mapping[str, Any]], predictions: Sequence[Mapping[str, Any]]
+) -> dict[str, float]:
     """ReCoRD: SQuAD's EM/F1, max over the gold answers, each query counted once (t5's
     `deduplicate_metric(squad)`). Targets are {"value": [answers], "group": query},
     predictions {"value": answer}."""
@@ -234,8 +246,9 @@ def record(targets: Sequence[Mapping[str, Any]],
 
 
 # ----------------------------------------------------------------------- generation
-def bleu(targets: Sequence[Any], predictions: Sequence[str],
-         tokenizer: str = "intl") -> dict[str, float]:
+def bleu(
+    targets: Sequence[Any], predictions: Sequence[str], tokenizer: str = "intl"
+) -> dict[str, float]:
     """Corpus BLEU from SacreBLEU called as t5's `bleu` calls it: exp smoothing, `intl`
     tokenisation, case-sensitive. Targets are strings (one reference each) or lists of
     strings, which t5 hands to SacreBLEU as its reference streams."""
@@ -245,9 +258,16 @@ def bleu(targets: Sequence[Any], predictions: Sequence[str],
         targets = [list(target) for target in targets]
     else:
         targets = [targets]
-    score = sacrebleu.corpus_bleu(predictions, targets, smooth_method="exp", smooth_value=0.0,
-                                  force=False, lowercase=False, tokenize=tokenizer,
-                                  use_effective_order=False)
+    score = sacrebleu.corpus_bleu(
+        predictions,
+        targets,
+        smooth_method="exp",
+        smooth_value=0.0,
+        force=False,
+        lowercase=False,
+        tokenize=tokenizer,
+        use_effective_order=False,
+    )
     return {"bleu": score.score}
 
 
@@ -256,9 +276,12 @@ def _prepare_summary(summary: str) -> str:
     return summary.replace(" . ", " .\n")
 
 
-def rouge(targets: Sequence[str], predictions: Sequence[str],
-          score_keys: Sequence[str] = ("rouge1", "rouge2", "rougeLsum"),
-          **kwargs: Any) -> dict[str, float]:
+def rouge(
+    targets: Sequence[str],
+    predictions: Sequence[str],
+    score_keys: Sequence[str] = ("rouge1", "rouge2", "rougeLsum"),
+    **kwargs: Any,
+) -> dict[str, float]:
     """ROUGE F-measures as t5's `rouge` computes them: rouge-score's `RougeScorer` with its
     defaults (no stemming; `kwargs`, e.g. `use_stemmer=True`, are passed to it as t5 passes
     them), summaries split into sentences at " . ", and the median ("mid") of a
@@ -269,8 +292,9 @@ def rouge(targets: Sequence[str], predictions: Sequence[str],
     scorer = rouge_scorer.RougeScorer(rouge_types=score_keys, **kwargs)
     aggregator = scoring.BootstrapAggregator()
     for prediction, target in zip(predictions, targets):
-        aggregator.add_scores(scorer.score(target=_prepare_summary(target),
-                                           prediction=_prepare_summary(prediction)))
+        aggregator.add_scores(
+            scorer.score(target=_prepare_summary(target), prediction=_prepare_summary(prediction))
+        )
     result = aggregator.aggregate()
     return {key: result[key].mid.fmeasure * 100 for key in score_keys}
 
@@ -296,22 +320,30 @@ def conll_ner_f1(tag_names: Sequence[str]):
     """Entity-level precision, recall and F1 (CoNLL-2003's official measure, in percent) over
     examples given as lists of tag ids, plus token accuracy."""
 
-    def metric(targets: Sequence[Sequence[int]],
-               predictions: Sequence[Sequence[int]]) -> dict[str, float]:
+    def metric(
+        targets: Sequence[Sequence[int]], predictions: Sequence[Sequence[int]]
+    ) -> dict[str, float]:
         found = correct = gold = 0
         right_tokens = total_tokens = 0
         for t, p in zip(targets, predictions):
             t_tags = [tag_names[i] for i in t]
             p_tags = [tag_names[i] if 0 <= i < len(tag_names) else "O" for i in p]
             true, guessed = _entities(t_tags), _entities(p_tags)
-            gold, found, correct = gold + len(true), found + len(guessed), \
-                correct + len(true & guessed)
+            gold, found, correct = (
+                gold + len(true),
+                found + len(guessed),
+                correct + len(true & guessed),
+            )
             right_tokens += sum(a == b for a, b in zip(t, p))
             total_tokens += len(t)
         precision = correct / found if found else 0.0
         recall = correct / gold if gold else 0.0
         f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-        return {"f1": 100.0 * f1, "precision": 100.0 * precision, "recall": 100.0 * recall,
-                "token_accuracy": 100.0 * right_tokens / max(total_tokens, 1)}
+        return {
+            "f1": 100.0 * f1,
+            "precision": 100.0 * precision,
+            "recall": 100.0 * recall,
+            "token_accuracy": 100.0 * right_tokens / max(total_tokens, 1),
+        }
 
     return metric

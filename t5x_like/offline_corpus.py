@@ -39,7 +39,8 @@ WORDPIECE_VOCAB_SIZE = 4096
 def cache_dir() -> str:
     """Where the corpus and vocabulary live: $T5X_LIKE_CACHE or ~/.cache/t5x_like."""
     root = os.environ.get("T5X_LIKE_CACHE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "t5x_like")
+        os.path.expanduser("~"), ".cache", "t5x_like"
+    )
     return os.path.join(root, "offline_corpus", CORPUS_VERSION)
 
 
@@ -108,8 +109,9 @@ def _stdlib_docstrings() -> Iterator[str]:
             except (SyntaxError, UnicodeDecodeError, OSError):
                 continue
             for node in ast.walk(tree):
-                if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
-                                     ast.AsyncFunctionDef)):
+                if isinstance(
+                    node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+                ):
                     text = ast.get_docstring(node)
                     doc = _document(text) if text else None
                     if doc:
@@ -174,7 +176,8 @@ def _gather_corpus(paths: dict[str, str]) -> None:
         raise RuntimeError(
             f"Only {len(documents)} documents of prose found in this Python's standard library "
             f"({sysconfig.get_paths()['stdlib']}); the offline corpus needs a full CPython "
-            "installation (with pydoc_data and the library sources).")
+            "installation (with pydoc_data and the library sources)."
+        )
     validation = [d for d in documents if is_validation(d)]
     train = [d for d in documents if not is_validation(d)]
     _write_atomically(paths["validation"], "\n".join(validation) + "\n")
@@ -202,10 +205,21 @@ def _train_sentencepiece(path: str) -> None:
     with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
         prefix = os.path.join(tmp, "spm")
         spm.SentencePieceTrainer.train(
-            input=corpus, model_prefix=prefix, vocab_size=SPM_VOCAB_SIZE, model_type="unigram",
-            pad_id=0, eos_id=1, unk_id=2, bos_id=-1, character_coverage=1.0,
-            input_sentence_size=200_000, shuffle_input_sentence=True, num_threads=2,
-            max_sentence_length=1 << 16, minloglevel=2)
+            input=corpus,
+            model_prefix=prefix,
+            vocab_size=SPM_VOCAB_SIZE,
+            model_type="unigram",
+            pad_id=0,
+            eos_id=1,
+            unk_id=2,
+            bos_id=-1,
+            character_coverage=1.0,
+            input_sentence_size=200_000,
+            shuffle_input_sentence=True,
+            num_threads=2,
+            max_sentence_length=1 << 16,
+            minloglevel=2,
+        )
         os.replace(prefix + ".model", path)
 
 

@@ -53,23 +53,32 @@ def factor_as_matrices(inner: optax.GradientTransformation) -> optax.GradientTra
 
     def to_matrices(tree):
         return jax.tree_util.tree_map(
-            lambda x: x.reshape(matrix_view(x.shape)) if matrix_view(x.shape) else x, tree)
+            lambda x: x.reshape(matrix_view(x.shape)) if matrix_view(x.shape) else x, tree
+        )
 
     def init(params):
         return _MatrixViewState(inner.init(to_matrices(params)))
 
     def update(updates, state, params=None):
-        new, inner_state = inner.update(to_matrices(updates), state.inner,
-                                        None if params is None else to_matrices(params))
+        new, inner_state = inner.update(
+            to_matrices(updates), state.inner, None if params is None else to_matrices(params)
+        )
         new = jax.tree_util.tree_map(lambda u, like: u.reshape(like.shape), new, updates)
         return new, _MatrixViewState(inner_state)
 
     return optax.GradientTransformation(init, update)
 
 
-_T5_ADAFACTOR = dict(min_dim_size_to_factor=128, decay_rate=0.8, decay_offset=0,
-                     multiply_by_parameter_scale=True, clipping_threshold=1.0, momentum=None,
-                     eps=1e-30, factored=True)
+_T5_ADAFACTOR = dict(
+    min_dim_size_to_factor=128,
+    decay_rate=0.8,
+    decay_offset=0,
+    multiply_by_parameter_scale=True,
+    clipping_threshold=1.0,
+    momentum=None,
+    eps=1e-30,
+    factored=True,
+)
 
 
 def optax_t5_adafactor(learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransformation:
@@ -94,10 +103,13 @@ def t5_adafactor(learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransfo
 
     def update(updates, state, params=None):
         if params is None:
-            raise ValueError("t5_adafactor scales updates by each parameter's RMS: call "
-                             "update(grads, state, params) with the parameters.")
-        return _t5_adafactor_update(learning_rate, updates, state, params,
-                                    reductions.sums_as_dots())
+            raise ValueError(
+                "t5_adafactor scales updates by each parameter's RMS: call "
+                "update(grads, state, params) with the parameters."
+            )
+        return _t5_adafactor_update(
+            learning_rate, updates, state, params, reductions.sums_as_dots()
+        )
 
     return optax.GradientTransformation(reference.init, update)
 
@@ -105,8 +117,9 @@ def t5_adafactor(learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransfo
 def global_norm(tree) -> jax.Array:
     """optax.global_norm (the L2 norm of all leaves together), with the sums as dots on CPU."""
     as_dot = reductions.sums_as_dots()
-    return jnp.sqrt(sum(reductions.sum_of_squares(x, as_dot)
-                        for x in jax.tree_util.tree_leaves(tree)))
+    return jnp.sqrt(
+        sum(reductions.sum_of_squares(x, as_dot) for x in jax.tree_util.tree_leaves(tree))
+    )
 
 
 def _factored_axes(shape: tuple[int, ...]) -> tuple[int, int] | None:
@@ -126,14 +139,17 @@ def _t5_adafactor_update(learning_rate, grads, state, params, sums_as_dots: bool
     # optax's decay schedule 1 - (t + 1)^-0.8 with decay_offset 0.
     decay = 1.0 - jnp.asarray(count + 1, jnp.float32) ** -_T5_ADAFACTOR["decay_rate"]
     if callable(learning_rate):
-        lr, lr_state = learning_rate(lr_state.count), lr_state._replace(
-            count=optax.safe_increment(lr_state.count))
+        lr, lr_state = (
+            learning_rate(lr_state.count),
+            lr_state._replace(count=optax.safe_increment(lr_state.count)),
+        )
     else:
         lr = learning_rate
     eps = _T5_ADAFACTOR["eps"]
     treedef = jax.tree_util.tree_structure(grads)
-    leaves = [treedef.flatten_up_to(t) for t in
-              (grads, params, moments.v_row, moments.v_col, moments.v)]
+    leaves = [
+        treedef.flatten_up_to(t) for t in (grads, params, moments.v_row, moments.v_col, moments.v)
+    ]
 
     def one(g, p, v_row, v_col, v):
         shape = g.shape
@@ -172,14 +188,20 @@ def _factored_moments(g: jax.Array, small: int, large: int, as_dots: bool):
     `large`), which as dots needs no pass over u: sum_ij g_ij**2 a_i b_j = a . (g**2 b)."""
     if not as_dots:
         square = jnp.square(g)
-        return (jnp.mean(square, axis=large), jnp.mean(square, axis=small),
-                lambda rf, cf: jnp.sum(jnp.square(
-                    g * jnp.expand_dims(rf, large) * jnp.expand_dims(cf, small))))
+        return (
+            jnp.mean(square, axis=large),
+            jnp.mean(square, axis=small),
+            lambda rf, cf: jnp.sum(
+                jnp.square(g * jnp.expand_dims(rf, large) * jnp.expand_dims(cf, small))
+            ),
+        )
     square = jnp.square(g)
     dot = functools.partial(jnp.dot, precision=jax.lax.Precision.HIGHEST)
     rows, cols = square.shape
-    sum_over_1, sum_over_0 = dot(square, jnp.ones((cols,), g.dtype)), dot(
-        jnp.ones((rows,), g.dtype), square)
+    sum_over_1, sum_over_0 = (
+        dot(square, jnp.ones((cols,), g.dtype)),
+        dot(jnp.ones((rows,), g.dtype), square),
+    )
     sums = {0: sum_over_0, 1: sum_over_1}
 
     def u_squares(row_factor, col_factor):
@@ -194,9 +216,14 @@ def _factored_moments(g: jax.Array, small: int, large: int, as_dots: bool):
 SCHEDULES = ("inverse_sqrt", "constant", "linear_decay", "cosine")
 
 
-def learning_rate_schedule(name: str = "inverse_sqrt", warmup_steps: int = 10_000,
-                           scale: float = 1.0, constant: float = 0.001, peak: float = 1e-4,
-                           total_steps: int = 1_000_000) -> optax.Schedule:
+def learning_rate_schedule(
+    name: str = "inverse_sqrt",
+    warmup_steps: int = 10_000,
+    scale: float = 1.0,
+    constant: float = 0.001,
+    peak: float = 1e-4,
+    total_steps: int = 1_000_000,
+) -> optax.Schedule:
     """T5's two schedules, pretraining's 1/sqrt(max(step, k)) and fine-tuning's constant 0.001
     (section 3.1.2), BERT's (and GPT-1 fine-tuning's) linear warm-up to `peak` then linear
     decay to 0 at `total_steps` ('linear_decay'), and GPT-1 pretraining's linear warm-up then
@@ -208,8 +235,9 @@ def learning_rate_schedule(name: str = "inverse_sqrt", warmup_steps: int = 10_00
     if name == "linear_decay":
         return bert_learning_rate(peak, total_steps, warmup_steps)
     if name == "cosine":  # GPT-1 pretraining: linear warm-up to `peak`, cosine anneal to 0
-        return optax.warmup_cosine_decay_schedule(0.0, peak, max(warmup_steps, 1),
-                                                  max(total_steps, warmup_steps + 1), 0.0)
+        return optax.warmup_cosine_decay_schedule(
+            0.0, peak, max(warmup_steps, 1), max(total_steps, warmup_steps + 1), 0.0
+        )
     from t5x_like.errors import ConfigError
 
     raise ConfigError(f"train.learning_rate_schedule={name!r}; choose one of {SCHEDULES}.")
@@ -218,8 +246,9 @@ def learning_rate_schedule(name: str = "inverse_sqrt", warmup_steps: int = 10_00
 OPTIMIZERS = ("adafactor", "adamw")
 
 
-def make_optimizer(name: str, learning_rate: optax.Schedule,
-                   frozen_modules: Sequence[str] = ()) -> optax.GradientTransformation:
+def make_optimizer(
+    name: str, learning_rate: optax.Schedule, frozen_modules: Sequence[str] = ()
+) -> optax.GradientTransformation:
     """T5's Adafactor or BERT's AdamW (settings from gin: `bert_adamw.weight_decay`, ...).
     Top-level modules named in `frozen_modules` get no update at all (no weight decay either,
     and no optimizer state): BERT's feature-based approach."""
@@ -235,15 +264,20 @@ def make_optimizer(name: str, learning_rate: optax.Schedule,
         return tx
 
     def labels(params):
-        return {k: jax.tree_util.tree_map(lambda _, k=k: "frozen" if k in frozen_modules
-                                          else "trained", v) for k, v in params.items()}
+        return {
+            k: jax.tree_util.tree_map(
+                lambda _, k=k: "frozen" if k in frozen_modules else "trained", v
+            )
+            for k, v in params.items()
+        }
 
     return optax.multi_transform({"trained": tx, "frozen": optax.set_to_zero()}, labels)
 
 
 # ------------------------------------------------------------------------------ BERT
-def bert_learning_rate(peak: float = 1e-4, total_steps: int = 1_000_000,
-                       warmup_steps: int = 10_000) -> optax.Schedule:
+def bert_learning_rate(
+    peak: float = 1e-4, total_steps: int = 1_000_000, warmup_steps: int = 10_000
+) -> optax.Schedule:
     """BERT's schedule as its code computes it: peak * (1 - step / total) (linear decay to 0
     over the whole run), replaced by the linear warm-up peak * step / warmup for
     step < warmup."""
@@ -270,9 +304,14 @@ def no_decay_on_norms_and_biases(params) -> object:
 
 
 @gin.configurable(denylist=["learning_rate"])
-def bert_adamw(learning_rate: optax.ScalarOrSchedule, weight_decay: float = 0.01,
-               b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6,
-               clip_norm: float | None = 1.0) -> optax.GradientTransformation:
+def bert_adamw(
+    learning_rate: optax.ScalarOrSchedule,
+    weight_decay: float = 0.01,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-6,
+    clip_norm: float | None = 1.0,
+) -> optax.GradientTransformation:
     """BERT's optimizer: gradients clipped to global norm 1.0, then Adam (beta1 0.9, beta2
     0.999) with weight decay 0.01 decoupled from the gradient and skipped for LayerNorm and
     biases. Adam here is the paper's, with bias correction (as transformers' AdamW); BERT's

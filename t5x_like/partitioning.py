@@ -31,7 +31,8 @@ import gin
 import jax
 import numpy as np
 from jax.experimental import mesh_utils
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from t5x_like.errors import ConfigError
 
@@ -39,26 +40,57 @@ Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
 
 # Logical names that never shard (small tables, per-head sizes, sequence positions, BERT's
 # position/segment tables, classifier outputs, and the layer axis of a scanned stack).
-_ALWAYS_REPLICATED: Rules = (("kv", None), ("relpos_buckets", None), ("length", None),
-                              ("positions", None), ("segments", None), ("classes", None),
-                              ("layers", None))
+_ALWAYS_REPLICATED: Rules = (
+    ("kv", None),
+    ("relpos_buckets", None),
+    ("length", None),
+    ("positions", None),
+    ("segments", None),
+    ("classes", None),
+    ("layers", None),
+)
 
 LAYOUTS: dict[str, Rules] = {
-    "data_parallel": (("batch", "data"), ("vocab", None), ("embed", None), ("mlp", None),
-                      ("heads", None)) + _ALWAYS_REPLICATED,
-    "model_parallel": (("batch", "data"), ("vocab", "model"), ("mlp", "model"),
-                       ("heads", "model"), ("embed", None)) + _ALWAYS_REPLICATED,
-    "fsdp": (("batch", "data"), ("vocab", "model"), ("mlp", "model"), ("heads", "model"),
-             ("embed", "data")) + _ALWAYS_REPLICATED,
-    "hybrid_fsdp": (("batch", ("data", "fsdp")), ("vocab", "model"), ("mlp", "model"),
-                    ("heads", "model"), ("embed", "fsdp")) + _ALWAYS_REPLICATED,
+    "data_parallel": (
+        ("batch", "data"),
+        ("vocab", None),
+        ("embed", None),
+        ("mlp", None),
+        ("heads", None),
+    )
+    + _ALWAYS_REPLICATED,
+    "model_parallel": (
+        ("batch", "data"),
+        ("vocab", "model"),
+        ("mlp", "model"),
+        ("heads", "model"),
+        ("embed", None),
+    )
+    + _ALWAYS_REPLICATED,
+    "fsdp": (
+        ("batch", "data"),
+        ("vocab", "model"),
+        ("mlp", "model"),
+        ("heads", "model"),
+        ("embed", "data"),
+    )
+    + _ALWAYS_REPLICATED,
+    "hybrid_fsdp": (
+        ("batch", ("data", "fsdp")),
+        ("vocab", "model"),
+        ("mlp", "model"),
+        ("heads", "model"),
+        ("embed", "fsdp"),
+    )
+    + _ALWAYS_REPLICATED,
 }
 DEFAULT_AXIS_NAMES = ("data", "model")
 
 
 @gin.configurable
-def logical_axis_rules(layout: str = "auto", num_partitions: int = 1,
-                       overrides: Sequence[tuple[str, Any]] = ()) -> Rules:
+def logical_axis_rules(
+    layout: str = "auto", num_partitions: int = 1, overrides: Sequence[tuple[str, Any]] = ()
+) -> Rules:
     """The rules of a named layout; `overrides` come first, so they win.
 
     layout 'auto' is model_parallel when the model axis has more than one device, else
@@ -67,16 +99,18 @@ def logical_axis_rules(layout: str = "auto", num_partitions: int = 1,
     if layout == "auto":
         layout = "model_parallel" if num_partitions > 1 else "data_parallel"
     if layout not in LAYOUTS:
-        raise ConfigError(f"Unknown layout {layout!r}; choose one of {sorted(LAYOUTS)} or "
-                          "'auto'.")
+        raise ConfigError(f"Unknown layout {layout!r}; choose one of {sorted(LAYOUTS)} or 'auto'.")
     return tuple(tuple(r) for r in overrides) + LAYOUTS[layout]
 
 
 @gin.configurable
-def make_mesh(num_partitions: int = 1, mesh_shape: Sequence[int] | None = None,
-              devices: Sequence[jax.Device] | None = None,
-              axis_names: Sequence[str] = DEFAULT_AXIS_NAMES,
-              model_parallel_submesh: Sequence[int] | None = None) -> Mesh:
+def make_mesh(
+    num_partitions: int = 1,
+    mesh_shape: Sequence[int] | None = None,
+    devices: Sequence[jax.Device] | None = None,
+    axis_names: Sequence[str] = DEFAULT_AXIS_NAMES,
+    model_parallel_submesh: Sequence[int] | None = None,
+) -> Mesh:
     """A device mesh over all devices, with axes ('data', 'model') unless `axis_names` says
     otherwise.
 
@@ -94,26 +128,36 @@ def make_mesh(num_partitions: int = 1, mesh_shape: Sequence[int] | None = None,
     n = len(devices)
     axis_names = tuple(axis_names)
     if "data" not in axis_names or len(set(axis_names)) != len(axis_names):
-        raise ConfigError(f"make_mesh.axis_names={axis_names} must be distinct names and "
-                          "include 'data' (the axis the batch is split over by default).")
+        raise ConfigError(
+            f"make_mesh.axis_names={axis_names} must be distinct names and "
+            "include 'data' (the axis the batch is split over by default)."
+        )
     if model_parallel_submesh is not None:
         if axis_names != DEFAULT_AXIS_NAMES or mesh_shape is not None:
-            raise ConfigError("model_parallel_submesh builds a ('data', 'model') mesh; do not "
-                              "combine it with mesh_shape or other axis_names.")
+            raise ConfigError(
+                "model_parallel_submesh builds a ('data', 'model') mesh; do not "
+                "combine it with mesh_shape or other axis_names."
+            )
         grid = submesh_device_grid(devices, model_parallel_submesh)
         return Mesh(grid, DEFAULT_AXIS_NAMES)
     if mesh_shape is not None:
         shape = tuple(int(d) for d in mesh_shape)
         if len(shape) != len(axis_names) or math.prod(shape) != n:
-            raise ConfigError(f"mesh_shape={shape} does not match the {n} devices and the "
-                              f"axes {axis_names}: give one size per axis with product {n}.")
+            raise ConfigError(
+                f"mesh_shape={shape} does not match the {n} devices and the "
+                f"axes {axis_names}: give one size per axis with product {n}."
+            )
     else:
         if len(axis_names) != 2:
-            raise ConfigError(f"A mesh with axes {axis_names} needs an explicit "
-                              "make_mesh.mesh_shape (one size per axis).")
+            raise ConfigError(
+                f"A mesh with axes {axis_names} needs an explicit "
+                "make_mesh.mesh_shape (one size per axis)."
+            )
         if num_partitions < 1 or n % num_partitions:
-            raise ConfigError(f"num_partitions={num_partitions} does not divide the {n} "
-                              f"devices; choose a divisor of {n}.")
+            raise ConfigError(
+                f"num_partitions={num_partitions} does not divide the {n} "
+                f"devices; choose a divisor of {n}."
+            )
         shape = (n // num_partitions, num_partitions)
     try:
         grid = mesh_utils.create_device_mesh(shape, devices)
@@ -131,23 +175,31 @@ def submesh_device_grid(devices: Sequence[Any], submesh: Sequence[int]) -> np.nd
     """
     submesh = tuple(int(s) for s in submesh)
     if len(submesh) != 4 or min(submesh) < 1:
-        raise ConfigError(f"model_parallel_submesh={submesh} must be four positive sizes "
-                          "(x, y, z, core), e.g. (2, 2, 1, 2).")
+        raise ConfigError(
+            f"model_parallel_submesh={submesh} must be four positive sizes "
+            "(x, y, z, core), e.g. (2, 2, 1, 2)."
+        )
     n, m = len(devices), math.prod(submesh)
     if n % m:
-        raise ConfigError(f"model_parallel_submesh={submesh} holds {m} devices, which does not "
-                          f"divide the {n} devices; choose a block whose size divides {n}.")
+        raise ConfigError(
+            f"model_parallel_submesh={submesh} holds {m} devices, which does not "
+            f"divide the {n} devices; choose a block whose size divides {n}."
+        )
     if not all(hasattr(d, "coords") for d in devices):
         return np.array(devices, dtype=object).reshape(n // m, m)
     coords = np.array([tuple(d.coords) + (getattr(d, "core_on_chip", 0),) for d in devices])
     physical = tuple(int(c) for c in coords.max(axis=0) + 1)
     if math.prod(physical) != n:
-        raise ConfigError(f"The {n} devices do not fill a {physical} (x, y, z, core) torus; "
-                          "model_parallel_submesh needs a whole slice.")
+        raise ConfigError(
+            f"The {n} devices do not fill a {physical} (x, y, z, core) torus; "
+            "model_parallel_submesh needs a whole slice."
+        )
     if any(p % s for p, s in zip(physical, submesh)):
-        raise ConfigError(f"model_parallel_submesh={submesh} does not tile the slice's "
-                          f"physical mesh {physical} (x, y, z, core); each size must divide "
-                          "the slice's.")
+        raise ConfigError(
+            f"model_parallel_submesh={submesh} does not tile the slice's "
+            f"physical mesh {physical} (x, y, z, core); each size must divide "
+            "the slice's."
+        )
     grid = np.empty(physical, dtype=object)
     for device, c in zip(devices, coords):
         grid[tuple(c)] = device
@@ -184,14 +236,16 @@ def batch_sharding(mesh: Mesh, rules: Rules | None = None) -> NamedSharding:
     return NamedSharding(mesh, P(axes if len(axes) > 1 else axes[0] if axes else None))
 
 
-def check_batch_size(batch_size: int, mesh: Mesh, num_microbatches: int = 1,
-                     rules: Rules | None = None) -> None:
+def check_batch_size(
+    batch_size: int, mesh: Mesh, num_microbatches: int = 1, rules: Rules | None = None
+) -> None:
     axes = batch_axes(mesh, rules)
     data = math.prod(mesh.shape[a] for a in axes)
     if batch_size % (data * num_microbatches):
         raise ConfigError(
             f"batch_size={batch_size} must be divisible by data-parallel size ({data}, mesh "
-            f"axes {axes}) x num_microbatches ({num_microbatches}) = {data * num_microbatches}.")
+            f"axes {axes}) x num_microbatches ({num_microbatches}) = {data * num_microbatches}."
+        )
 
 
 def check_rules_match_mesh(rules: Rules, mesh: Mesh) -> None:
@@ -203,14 +257,16 @@ def check_rules_match_mesh(rules: Rules, mesh: Mesh) -> None:
             raise ConfigError(
                 f"The rule ({name!r}, {axes!r}) names mesh axis {unknown[0]!r}, but the mesh "
                 f"has axes {tuple(mesh.axis_names)}; set make_mesh.axis_names (and mesh_shape) "
-                "to include it, or pick a layout for this mesh.")
+                "to include it, or pick a layout for this mesh."
+            )
 
 
 # ---------------------------------------------------------------------------- parameters
 def _check_rules_cover(boxed_params: Any, rules: Rules) -> None:
     named = {name for name, _ in rules}
     for path, box in jax.tree_util.tree_leaves_with_path(
-            boxed_params, is_leaf=lambda x: isinstance(x, nn.Partitioned)):
+        boxed_params, is_leaf=lambda x: isinstance(x, nn.Partitioned)
+    ):
         if not isinstance(box, nn.Partitioned):
             continue
         missing = [a for a in box.names if a is not None and a not in named]
@@ -218,7 +274,8 @@ def _check_rules_cover(boxed_params: Any, rules: Rules) -> None:
             raise ConfigError(
                 f"Logical axis {missing[0]!r} of parameter {jax.tree_util.keystr(path)} has no "
                 f"partitioning rule; add ('{missing[0]}', None) or a mesh axis to "
-                "logical_axis_rules.overrides.")
+                "logical_axis_rules.overrides."
+            )
 
 
 def param_shardings(boxed_params: Any, mesh: Mesh, rules: Rules) -> Any:
@@ -233,19 +290,22 @@ def param_shardings(boxed_params: Any, mesh: Mesh, rules: Rules) -> Any:
 
 def _check_divisible(boxed_params: Any, shardings: Any) -> None:
     leaves = jax.tree_util.tree_leaves_with_path(
-        boxed_params, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+        boxed_params, is_leaf=lambda x: isinstance(x, nn.Partitioned)
+    )
     for (path, box), sharding in zip(leaves, jax.tree_util.tree_leaves(shardings)):
         shape = box.value.shape if isinstance(box, nn.Partitioned) else box.shape
         for dim, axes in zip(shape, tuple(sharding.spec)):
             if axes is None:
                 continue
-            ways = math.prod(sharding.mesh.shape[a] for a in
-                             ((axes,) if isinstance(axes, str) else axes))
+            ways = math.prod(
+                sharding.mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes)
+            )
             if dim % ways:
                 raise ConfigError(
                     f"Parameter {jax.tree_util.keystr(path)} of shape {tuple(shape)} cannot be "
                     f"split {ways} ways over mesh axis {axes!r} (size {dim}); pick a mesh whose "
-                    f"{axes!r} axis divides {dim}, or a layout that leaves it replicated.")
+                    f"{axes!r} axis divides {dim}, or a layout that leaves it replicated."
+                )
 
 
 def _path_key(path) -> tuple[str, ...]:
@@ -261,8 +321,9 @@ def derived_shardings(tree: Any, params: Any, shardings: Any, mesh: Mesh) -> Any
     replicated.
     """
     by_path = {}
-    for (path, p), s in zip(jax.tree_util.tree_leaves_with_path(params),
-                            jax.tree_util.tree_leaves(shardings)):
+    for (path, p), s in zip(
+        jax.tree_util.tree_leaves_with_path(params), jax.tree_util.tree_leaves(shardings)
+    ):
         by_path[_path_key(path)] = (tuple(p.shape), s.spec)
 
     def pick(path, leaf):
@@ -276,8 +337,9 @@ def derived_shardings(tree: Any, params: Any, shardings: Any, mesh: Mesh) -> Any
     return jax.tree_util.tree_map_with_path(pick, tree)
 
 
-def _spec_for(leaf_shape: tuple[int, ...], param_shape: tuple[int, ...], spec: P,
-              key: tuple[str, ...]) -> P:
+def _spec_for(
+    leaf_shape: tuple[int, ...], param_shape: tuple[int, ...], spec: P, key: tuple[str, ...]
+) -> P:
     full = tuple(spec) + (None,) * (len(param_shape) - len(spec))
     if leaf_shape == param_shape:
         return P(*full)
@@ -289,13 +351,14 @@ def _spec_for(leaf_shape: tuple[int, ...], param_shape: tuple[int, ...], spec: P
     candidates = [int(order[-1])] if "v_row" in key else [int(order[-2])] if "v_col" in key else []
     candidates += list(range(len(param_shape)))
     for i in candidates:
-        if param_shape[:i] + param_shape[i + 1:] == leaf_shape:
-            return P(*(full[:i] + full[i + 1:]))
+        if param_shape[:i] + param_shape[i + 1 :] == leaf_shape:
+            return P(*(full[:i] + full[i + 1 :]))
     return P()
 
 
-def global_batch(batch: dict[str, np.ndarray], mesh: Mesh,
-                 rules: Rules | None = None) -> dict[str, jax.Array]:
+def global_batch(
+    batch: dict[str, np.ndarray], mesh: Mesh, rules: Rules | None = None
+) -> dict[str, jax.Array]:
     """This process's rows (numpy) -> global jax arrays split over the batch axes."""
     sharding = batch_sharding(mesh, rules)
     return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
@@ -313,14 +376,22 @@ def parameter_table(boxed_params: Any, shardings: Any) -> tuple[str, int]:
     rows = []
     total = 0
     leaves = jax.tree_util.tree_leaves_with_path(
-        boxed_params, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+        boxed_params, is_leaf=lambda x: isinstance(x, nn.Partitioned)
+    )
     for (path, box), sharding in zip(leaves, jax.tree_util.tree_leaves(shardings)):
         value = box.value if isinstance(box, nn.Partitioned) else box
         names = box.names if isinstance(box, nn.Partitioned) else (None,) * len(value.shape)
         per_device = _bytes_per_device(value.shape, value.dtype, sharding)
         total += per_device
-        rows.append(("/".join(_path_key(path)).removesuffix("/value"), str(tuple(value.shape)),
-                     str(tuple(names)), str(tuple(sharding.spec)), f"{per_device:,}"))
+        rows.append(
+            (
+                "/".join(_path_key(path)).removesuffix("/value"),
+                str(tuple(value.shape)),
+                str(tuple(names)),
+                str(tuple(sharding.spec)),
+                f"{per_device:,}",
+            )
+        )
     header = ("parameter", "shape", "logical axes", "mesh axes", "bytes/device")
     widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
@@ -330,8 +401,10 @@ def parameter_table(boxed_params: Any, shardings: Any) -> tuple[str, int]:
 
 
 def state_bytes_per_device(tree: Any, shardings: Any) -> int:
-    return sum(_bytes_per_device(x.shape, x.dtype, s) for x, s in
-               zip(jax.tree_util.tree_leaves(tree), jax.tree_util.tree_leaves(shardings)))
+    return sum(
+        _bytes_per_device(x.shape, x.dtype, s)
+        for x, s in zip(jax.tree_util.tree_leaves(tree), jax.tree_util.tree_leaves(shardings))
+    )
 
 
 def describe_mesh(mesh: Mesh) -> str:

@@ -42,15 +42,27 @@ HEADROOM = 0.9
 def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gin_file", action="append", default=[], help="model gin file(s)")
-    parser.add_argument("--gin", action="append", default=[], dest="bindings",
-                        help="extra binding, e.g. --gin T5Config.dtype=bfloat16")
+    parser.add_argument(
+        "--gin",
+        action="append",
+        default=[],
+        dest="bindings",
+        help="extra binding, e.g. --gin T5Config.dtype=bfloat16",
+    )
     parser.add_argument("--num_devices", type=int, default=8)
-    parser.add_argument("--mesh_shape", default=None,
-                        help="one size per mesh axis, e.g. 4,8 (default: all devices on data)")
-    parser.add_argument("--mesh_axes", default="data,model",
-                        help="mesh axis names, e.g. data,fsdp,model with --layout=hybrid_fsdp")
-    parser.add_argument("--layout", default="auto",
-                        help="data_parallel | model_parallel | fsdp | auto")
+    parser.add_argument(
+        "--mesh_shape",
+        default=None,
+        help="one size per mesh axis, e.g. 4,8 (default: all devices on data)",
+    )
+    parser.add_argument(
+        "--mesh_axes",
+        default="data,model",
+        help="mesh axis names, e.g. data,fsdp,model with --layout=hybrid_fsdp",
+    )
+    parser.add_argument(
+        "--layout", default="auto", help="data_parallel | model_parallel | fsdp | auto"
+    )
     # None: the run's binding (train.batch_size, ...) when a gin file makes one, else train's
     # default (`RUN_DEFAULTS`).
     parser.add_argument("--batch_size", type=int, default=None, help="default 128")
@@ -62,8 +74,13 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 # train's defaults (the T5 baseline) for what neither a flag nor the run's gin file sets.
-RUN_DEFAULTS = {"batch_size": 128, "inputs": 512, "targets": 114, "num_microbatches": 1,
-                "optimizer": "adafactor"}
+RUN_DEFAULTS = {
+    "batch_size": 128,
+    "inputs": 512,
+    "targets": 114,
+    "num_microbatches": 1,
+    "optimizer": "adafactor",
+}
 
 
 def _run_bindings() -> dict[str, Any]:
@@ -88,15 +105,20 @@ def _with_run_settings(args: argparse.Namespace, run: dict[str, Any]) -> argpars
         raise ConfigError(
             f"the run's gin file trains {getattr(model_class, '__name__', model_class)}; the "
             "planner plans T5's encoder-decoder train step only. Give it the model's gin file "
-            "and --batch_size/--inputs/--targets instead.")
+            "and --batch_size/--inputs/--targets instead."
+        )
     lengths = dict(run.get("task_feature_lengths", {}))
-    from_run = {"batch_size": run.get("batch_size"), "inputs": lengths.get("inputs"),
-                "targets": lengths.get("targets"),
-                "num_microbatches": run.get("num_microbatches"),
-                "optimizer": run.get("optimizer")}
-    settings = {name: next(v for v in (getattr(args, name, None), from_run[name], default)
-                           if v is not None)
-                for name, default in RUN_DEFAULTS.items()}
+    from_run = {
+        "batch_size": run.get("batch_size"),
+        "inputs": lengths.get("inputs"),
+        "targets": lengths.get("targets"),
+        "num_microbatches": run.get("num_microbatches"),
+        "optimizer": run.get("optimizer"),
+    }
+    settings = {
+        name: next(v for v in (getattr(args, name, None), from_run[name], default) if v is not None)
+        for name, default in RUN_DEFAULTS.items()
+    }
     return argparse.Namespace(**{**vars(args), **settings})
 
 
@@ -110,36 +132,45 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
     from t5x_like.models.t5 import count_params
 
     if jax.device_count() != args.num_devices:
-        raise SystemExit(f"jax sees {jax.device_count()} devices, not {args.num_devices}: run "
-                         "the planner in a fresh process (XLA_FLAGS must be set before jax "
-                         "starts).")
+        raise SystemExit(
+            f"jax sees {jax.device_count()} devices, not {args.num_devices}: run "
+            "the planner in a fresh process (XLA_FLAGS must be set before jax "
+            "starts)."
+        )
     cfg = load_model_config(args.gin_file, args.bindings)
     args = _with_run_settings(args, _run_bindings())
     model = EncoderDecoderModel(cfg)
     lr = optimizers.inverse_sqrt_schedule()
     optimizer = optimizers.make_optimizer(args.optimizer, lr)
     axis_names = tuple(args.mesh_axes.split(","))
-    mesh_shape = (tuple(int(x) for x in args.mesh_shape.split(",")) if args.mesh_shape
-                  else (args.num_devices,) + (1,) * (len(axis_names) - 1))
+    mesh_shape = (
+        tuple(int(x) for x in args.mesh_shape.split(","))
+        if args.mesh_shape
+        else (args.num_devices,) + (1,) * (len(axis_names) - 1)
+    )
     mesh = partitioning.make_mesh(mesh_shape=mesh_shape, axis_names=axis_names)
-    rules = partitioning.logical_axis_rules(args.layout,
-                                            num_partitions=partitioning.model_axis_size(mesh))
+    rules = partitioning.logical_axis_rules(
+        args.layout, num_partitions=partitioning.model_axis_size(mesh)
+    )
     partitioning.check_batch_size(args.batch_size, mesh, args.num_microbatches, rules)
     layout = trainer.make_layout(model, optimizer, mesh, rules)
     state = trainer.abstract_state(model, optimizer, layout)
 
     def tokens(length: int):
-        return jax.ShapeDtypeStruct((args.batch_size, length), jax.numpy.int32,
-                                    sharding=layout.batch_sharding)
+        return jax.ShapeDtypeStruct(
+            (args.batch_size, length), jax.numpy.int32, sharding=layout.batch_sharding
+        )
 
-    batch = {"encoder_input_tokens": tokens(args.inputs),
-             "encoder_segment_ids": tokens(args.inputs),
-             "decoder_input_tokens": tokens(args.targets),
-             "decoder_target_tokens": tokens(args.targets),
-             "decoder_segment_ids": tokens(args.targets),
-             "decoder_loss_weights": jax.ShapeDtypeStruct(
-                 (args.batch_size, args.targets), jax.numpy.float32,
-                 sharding=layout.batch_sharding)}
+    batch = {
+        "encoder_input_tokens": tokens(args.inputs),
+        "encoder_segment_ids": tokens(args.inputs),
+        "decoder_input_tokens": tokens(args.targets),
+        "decoder_target_tokens": tokens(args.targets),
+        "decoder_segment_ids": tokens(args.targets),
+        "decoder_loss_weights": jax.ShapeDtypeStruct(
+            (args.batch_size, args.targets), jax.numpy.float32, sharding=layout.batch_sharding
+        ),
+    }
     step = trainer.make_train_step(model, optimizer, lr, layout, args.num_microbatches)
     start = time.perf_counter()
     with layout.context():
@@ -147,11 +178,15 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
     compile_s = time.perf_counter() - start
 
     param_bytes = partitioning.state_bytes_per_device(state.params, layout.state_shardings.params)
-    opt_bytes = partitioning.state_bytes_per_device(state.opt_state,
-                                                    layout.state_shardings.opt_state)
+    opt_bytes = partitioning.state_bytes_per_device(
+        state.opt_state, layout.state_shardings.opt_state
+    )
     # What a checkpoint holds: every parameter and optimizer-state array, whole.
-    checkpoint_bytes = sum(int(x.size) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(
-        (state.params, state.opt_state)) if hasattr(x, "dtype"))
+    checkpoint_bytes = sum(
+        int(x.size) * x.dtype.itemsize
+        for x in jax.tree_util.tree_leaves((state.params, state.opt_state))
+        if hasattr(x, "dtype")
+    )
     memory = compiled.memory_analysis()
     temp = int(memory.temp_size_in_bytes)
     args_bytes = int(memory.argument_size_in_bytes)
@@ -164,14 +199,23 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "model": " + ".join(args.gin_file) or "T5Config defaults",
         "parameters": count_params(state.params),
-        "num_devices": args.num_devices, "mesh": dict(mesh.shape), "layout": args.layout,
+        "num_devices": args.num_devices,
+        "mesh": dict(mesh.shape),
+        "layout": args.layout,
         "rules": [list(r) for r in rules],
         "batch": [args.batch_size, args.inputs, args.targets],
-        "num_microbatches": args.num_microbatches, "optimizer": args.optimizer,
+        "num_microbatches": args.num_microbatches,
+        "optimizer": args.optimizer,
         "compile_s": compile_s,
-        "bytes_per_device": {"parameters": param_bytes, "optimizer_state": opt_bytes,
-                             "temporaries": temp, "arguments": args_bytes,
-                             "outputs": out_bytes, "aliased": alias, "peak_estimate": peak},
+        "bytes_per_device": {
+            "parameters": param_bytes,
+            "optimizer_state": opt_bytes,
+            "temporaries": temp,
+            "arguments": args_bytes,
+            "outputs": out_bytes,
+            "aliased": alias,
+            "peak_estimate": peak,
+        },
         "checkpoint_bytes": checkpoint_bytes,
         "flops_per_step_per_device": flops,
         "flops_per_step": flops * args.num_devices,
@@ -186,34 +230,49 @@ def _gib(n: float) -> str:
 def print_report(result: dict[str, Any]) -> None:
     b = result["bytes_per_device"]
     print(f"model            {result['model']} ({result['parameters']:,} parameters)")
-    print(f"mesh             {result['mesh']} on {result['num_devices']} devices, layout "
-          f"{result['layout']}")
-    print(f"batch            {result['batch'][0]} x ({result['batch'][1]} + "
-          f"{result['batch'][2]}) tokens, {result['num_microbatches']} micro-batch(es)")
+    print(
+        f"mesh             {result['mesh']} on {result['num_devices']} devices, layout "
+        f"{result['layout']}"
+    )
+    print(
+        f"batch            {result['batch'][0]} x ({result['batch'][1]} + "
+        f"{result['batch'][2]}) tokens, {result['num_microbatches']} micro-batch(es)"
+    )
     print(f"optimizer        {result['optimizer']}")
     print(f"compile          {result['compile_s']:.1f} s (CPU, ahead of time)")
     print("per device:")
     print(f"  parameters       {_gib(b['parameters'])}")
     print(f"  optimizer state  {_gib(b['optimizer_state'])}")
     print(f"  temporaries      {_gib(b['temporaries'])}  (activations, gradients, workspace)")
-    print(f"  peak estimate    {_gib(b['peak_estimate'])}  (arguments + outputs - donated + "
-          "temporaries)")
-    print(f"checkpoint       {_gib(result['checkpoint_bytes'])} a step on disk (parameters + "
-          "optimizer state; keep_checkpoints=K needs K + 1 while the newest is written)")
-    print(f"FLOPs per step   {result['flops_per_step']:.3e} "
-          f"({result['flops_per_step_per_device']:.3e} per device)")
+    print(
+        f"  peak estimate    {_gib(b['peak_estimate'])}  (arguments + outputs - donated + "
+        "temporaries)"
+    )
+    print(
+        f"checkpoint       {_gib(result['checkpoint_bytes'])} a step on disk (parameters + "
+        "optimizer state; keep_checkpoints=K needs K + 1 while the newest is written)"
+    )
+    print(
+        f"FLOPs per step   {result['flops_per_step']:.3e} "
+        f"({result['flops_per_step_per_device']:.3e} per device)"
+    )
     print(f"fits (peak <= {HEADROOM:.0%} of device memory):")
     for name, ok in result["fits"].items():
         size = ACCELERATOR_MEMORY[name]
-        print(f"  {name:<10} {_gib(size):>11}  {'yes' if ok else 'NO '}  "
-              f"({100 * b['peak_estimate'] / size:.0f}% used)")
+        print(
+            f"  {name:<10} {_gib(size):>11}  {'yes' if ok else 'NO '}  "
+            f"({100 * b['peak_estimate'] / size:.0f}% used)"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(sys.argv[1:] if argv is None else argv)
     # Simulated devices must be requested before jax initialises its CPU backend.
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
-             if not f.startswith("--xla_force_host_platform_device_count")]
+    flags = [
+        f
+        for f in os.environ.get("XLA_FLAGS", "").split()
+        if not f.startswith("--xla_force_host_platform_device_count")
+    ]
     flags.append(f"--xla_force_host_platform_device_count={args.num_devices}")
     os.environ["XLA_FLAGS"] = " ".join(flags)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")

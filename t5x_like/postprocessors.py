@@ -18,9 +18,13 @@ def _text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
-def string_label_to_class_id(text: Any, label_classes: Sequence[str],
-                             example: Mapping[str, Any] | None = None,
-                             is_target: bool = False, default: int = INVALID) -> int:
+def string_label_to_class_id(
+    text: Any,
+    label_classes: Sequence[str],
+    example: Mapping[str, Any] | None = None,
+    is_target: bool = False,
+    default: int = INVALID,
+) -> int:
     """'entailment' -> its index in `label_classes`; anything else, also the label with a
     space around it or in another case, -> `default` (t5's `string_label_to_class_id`)."""
     del example, is_target
@@ -28,8 +32,12 @@ def string_label_to_class_id(text: Any, label_classes: Sequence[str],
     return list(label_classes).index(label) if label in label_classes else default
 
 
-def string_to_float(text: Any, example: Mapping[str, Any] | None = None,
-                    is_target: bool = False, default: float = float(INVALID)) -> float:
+def string_to_float(
+    text: Any,
+    example: Mapping[str, Any] | None = None,
+    is_target: bool = False,
+    default: float = float(INVALID),
+) -> float:
     """STS-B's '3.8' -> 3.8; an unparseable output -> -1 (outside the 0-5 scale)."""
     del example, is_target
     try:
@@ -38,9 +46,13 @@ def string_to_float(text: Any, example: Mapping[str, Any] | None = None,
         return default
 
 
-def grouped_class_id(text: Any, label_classes: Sequence[str], group_keys: Sequence[str],
-                     example: Mapping[str, Any] | None = None,
-                     is_target: bool = False) -> dict[str, Any]:
+def grouped_class_id(
+    text: Any,
+    label_classes: Sequence[str],
+    group_keys: Sequence[str],
+    example: Mapping[str, Any] | None = None,
+    is_target: bool = False,
+) -> dict[str, Any]:
     """MultiRC (t5's `multirc`): {"value": label id}; a target also carries the id of its
     question as "group" (the value of the one key in `group_keys`, a tuple for several),
     for `metrics.mean_group_metric`'s per-question exact match. t5 groups by
@@ -52,9 +64,12 @@ def grouped_class_id(text: Any, label_classes: Sequence[str], group_keys: Sequen
     return result
 
 
-def answers_from_example(text: Any, answers_key: str = "answers",
-                         example: Mapping[str, Any] | None = None,
-                         is_target: bool = False) -> Any:
+def answers_from_example(
+    text: Any,
+    answers_key: str = "answers",
+    example: Mapping[str, Any] | None = None,
+    is_target: bool = False,
+) -> Any:
     """SQuAD / ReCoRD: score a prediction against every gold answer of its example."""
     if not is_target:
         return _text(text)
@@ -62,16 +77,39 @@ def answers_from_example(text: Any, answers_key: str = "answers",
     return [_text(a) for a in answers]
 
 
-def decode_text(text: Any, example: Mapping[str, Any] | None = None,
-                is_target: bool = False) -> str:
+def decode_text(
+    text: Any, example: Mapping[str, Any] | None = None, is_target: bool = False
+) -> str:
     del example, is_target
     return _text(text)
 
 
 # Words that do not change which noun phrase a WSC prediction names (t5's list).
-_DETERMINERS = frozenset({"a", "an", "few", "her", "his", "each", "every", "many", "much", "my",
-                          "our", "some", "that", "the", "their", "these", "this", "those",
-                          "which", "whose", "your"})
+_DETERMINERS = frozenset(
+    {
+        "a",
+        "an",
+        "few",
+        "her",
+        "his",
+        "each",
+        "every",
+        "many",
+        "much",
+        "my",
+        "our",
+        "some",
+        "that",
+        "the",
+        "their",
+        "these",
+        "this",
+        "those",
+        "which",
+        "whose",
+        "your",
+    }
+)
 
 
 def _without_determiners(text: str) -> str:
@@ -80,8 +118,7 @@ def _without_determiners(text: str) -> str:
     return " ".join(w for w in text.strip().lower().split(" ") if w not in _DETERMINERS)
 
 
-def wsc_simple(text: Any, example: Mapping[str, Any] | None = None,
-               is_target: bool = False) -> int:
+def wsc_simple(text: Any, example: Mapping[str, Any] | None = None, is_target: bool = False) -> int:
     """WSC/DPR in the referent format (t5's `wsc_simple`): the target is the example's
     True/False label; a prediction counts as 'the candidate is the referent' (1) when its
     words, determiners aside, contain the candidate's or are contained in them (and both or
@@ -99,12 +136,15 @@ def wsc_simple(text: Any, example: Mapping[str, Any] | None = None,
     return int(said <= meant or meant <= said)
 
 
-def record_answers(text: Any, example: Mapping[str, Any] | None = None,
-                   is_target: bool = False) -> dict[str, Any]:
+def record_answers(
+    text: Any, example: Mapping[str, Any] | None = None, is_target: bool = False
+) -> dict[str, Any]:
     """ReCoRD (t5's `record`): a prediction is {"value": answer}; a target is {"value": every
     gold answer, "group": (passage, query)}, so `metrics.record` scores each query once
     although training made one example per answer."""
     if not is_target:
         return {"value": _text(text)}
-    return {"value": [_text(a) for a in example["answers"]],
-            "group": (int(example["idx_passage"]), int(example["idx_query"]))}
+    return {
+        "value": [_text(a) for a in example["answers"]],
+        "group": (int(example["idx_passage"]), int(example["idx_query"])),
+    }

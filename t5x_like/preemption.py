@@ -39,8 +39,9 @@ from t5x_like import logs
 
 # The Compute Engine metadata server's maintenance notice: NONE until the host is about to be
 # serviced, then MIGRATE_ON_HOST_MAINTENANCE or TERMINATE_ON_HOST_MAINTENANCE.
-GCE_MAINTENANCE_EVENT_URL = ("http://metadata.google.internal/computeMetadata/v1/instance/"
-                             "maintenance-event")
+GCE_MAINTENANCE_EVENT_URL = (
+    "http://metadata.google.internal/computeMetadata/v1/instance/maintenance-event"
+)
 _NO_EVENT = "NONE"
 
 
@@ -84,9 +85,12 @@ class PreemptionWatcher:
     ends the process with exit code 0.
     """
 
-    def __init__(self, maintenance_event_url: str | None = "auto",
-                 poll_seconds: float = 5.0,
-                 end_start_up: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        maintenance_event_url: str | None = "auto",
+        poll_seconds: float = 5.0,
+        end_start_up: Callable[[str], None] | None = None,
+    ) -> None:
         self.signal_name: str | None = None
         self._end_start_up = end_start_up  # None once started(): signals stop at a step
         self._previous = None
@@ -97,8 +101,12 @@ class PreemptionWatcher:
         if maintenance_event_url == "auto":
             maintenance_event_url = GCE_MAINTENANCE_EVENT_URL if on_google_cloud() else None
         if maintenance_event_url:
-            threading.Thread(target=self._poll, args=(maintenance_event_url, poll_seconds),
-                             name="maintenance-event-poller", daemon=True).start()
+            threading.Thread(
+                target=self._poll,
+                args=(maintenance_event_url, poll_seconds),
+                name="maintenance-event-poller",
+                daemon=True,
+            ).start()
 
     def _install_handler(self) -> None:
         if threading.current_thread() is threading.main_thread():
@@ -108,8 +116,10 @@ class PreemptionWatcher:
         del frame
         name = signal.Signals(signum).name
         if self.signal_name is not None and self._end_start_up is None:
-            _say(f"{name} while the run is already stopping: it saves its checkpoint, then "
-                 "exits (SIGKILL would lose the steps since the last checkpoint)")
+            _say(
+                f"{name} while the run is already stopping: it saves its checkpoint, then "
+                "exits (SIGKILL would lose the steps since the last checkpoint)"
+            )
             return
         self.signal_name = name
         if self._end_start_up is not None:

@@ -16,8 +16,9 @@ arrays; `lax.optimization_barrier` keeps XLA from folding them back into the pro
 transpose folding would recreate the form YNNPACK refuses). `einsum_with_cpu_gradients`
 gives a two-operand einsum whose backward pass computes both cotangents with `einsum`.
 
-Only on XLA's CPU backend: TPU and GPU matrix units take transposed operands at no cost, and
-the copies would only add memory traffic there. Values are the same products either way.
+Only on XLA's CPU backend (and not with T5X_LIKE_CPU_TUNING=off): TPU and GPU matrix units take
+transposed operands at no cost, and the copies would only add memory traffic there, so there the
+plain einsum runs, differentiated by autodiff. Values are the same products either way.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def _parse(spec: str) -> tuple[str, str, str]:
 
 
 def _contraction_is_minor(labels: str, contracted: str) -> bool:
-    return set(labels[len(labels) - len(contracted):]) == set(contracted)
+    return set(labels[len(labels) - len(contracted) :]) == set(contracted)
 
 
 def _materialise(x: Array, labels: str, order: str) -> Array:
@@ -66,15 +67,19 @@ def einsum(spec: str, a: Array, b: Array) -> Array:
     operand is computed in YNNPACK's form (module docstring)."""
     a_labels, b_labels, out = _parse(spec)
     contracted = "".join(c for c in a_labels if c in b_labels and c not in out)
-    if (not contraction_layouts() or not contracted
-            or _contraction_is_minor(a_labels, contracted)
-            or _contraction_is_minor(b_labels, contracted)):
+    if (
+        not contraction_layouts()
+        or not contracted
+        or _contraction_is_minor(a_labels, contracted)
+        or _contraction_is_minor(b_labels, contracted)
+    ):
         return jnp.einsum(spec, a, b)
     # The smaller operand is transposed to (batch, free, contracted) as the left operand;
     # the other goes right as (batch, contracted, free), often its order already (neither
     # operand's contraction is minor here, so (batch, free, contracted) is never it).
-    (x, x_labels), (y, y_labels) = sorted([(a, a_labels), (b, b_labels)],
-                                          key=lambda pair: pair[0].size)
+    (x, x_labels), (y, y_labels) = sorted(
+        [(a, a_labels), (b, b_labels)], key=lambda pair: pair[0].size
+    )
     batch = "".join(c for c in out if c in x_labels and c in y_labels)
     x_free = "".join(c for c in x_labels if c not in batch and c not in contracted)
     y_free = "".join(c for c in y_labels if c not in batch and c not in contracted)
@@ -92,7 +97,21 @@ def einsum(spec: str, a: Array, b: Array) -> Array:
 @functools.cache
 def einsum_with_cpu_gradients(spec: str) -> Callable[[Array, Array], Array]:
     """A two-operand `jnp.einsum(spec, ...)` whose backward pass computes both operands'
-    gradients with `einsum` above (autodiff's own would contract non-minor dims)."""
+    gradients with `einsum` above (autodiff's own would contract non-minor dims) where the
+    products are laid out for the CPU (`contraction_layouts`); elsewhere the plain einsum,
+    differentiated by autodiff. Decided when traced."""
+    with_cpu_backward = _einsum_with_custom_backward(spec)
+
+    def product(a: Array, b: Array) -> Array:
+        if contraction_layouts():
+            return with_cpu_backward(a, b)
+        return jnp.einsum(spec, a, b)
+
+    return product
+
+
+@functools.cache
+def _einsum_with_custom_backward(spec: str) -> Callable[[Array, Array], Array]:
     a_labels, b_labels, out = _parse(spec)
 
     @jax.custom_vjp

@@ -21,20 +21,24 @@ import math
 import jax
 import jax.numpy as jnp
 
+from t5x_like import host_runtime
+
 Array = jax.Array
 
 
 def sums_as_dots() -> bool:
-    """Whether to write sums as matrix products: only on XLA's CPU backend (see above)."""
-    return jax.default_backend() == "cpu"
+    """Whether to write sums as matrix products: only on XLA's CPU backend (see above), and
+    not with T5X_LIKE_CPU_TUNING=off (`host_runtime.cpu_tuning_enabled`)."""
+    return jax.default_backend() == "cpu" and host_runtime.cpu_tuning_enabled()
 
 
 def sum_of_squares(x: Array, as_dot: bool) -> Array:
     """sum(x**2) in float32, as a dot of `x` with itself when `as_dot`."""
     if as_dot:
         flat = x.reshape(-1)
-        return jnp.vdot(flat, flat, precision=jax.lax.Precision.HIGHEST,
-                        preferred_element_type=jnp.float32)
+        return jnp.vdot(
+            flat, flat, precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32
+        )
     return jnp.sum(jnp.square(x.astype(jnp.float32)))
 
 
@@ -51,8 +55,12 @@ def sum_to_shape(x: Array, shape: tuple[int, ...]) -> Array:
         return x.reshape(shape)
     if not (axes == tuple(range(len(axes))) and sums_as_dots()):
         return jnp.sum(x, axis=axes, keepdims=True).reshape(shape)
-    rows = math.prod(x.shape[:len(axes)])
+    rows = math.prod(x.shape[: len(axes)])
     ones = jnp.ones((rows,), x.dtype)
-    total = jnp.matmul(ones, x.reshape(rows, -1), precision=jax.lax.Precision.HIGHEST,
-                       preferred_element_type=jnp.float32)
+    total = jnp.matmul(
+        ones,
+        x.reshape(rows, -1),
+        precision=jax.lax.Precision.HIGHEST,
+        preferred_element_type=jnp.float32,
+    )
     return total.astype(x.dtype).reshape(shape)

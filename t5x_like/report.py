@@ -28,13 +28,16 @@ def read_scalars(model_dir: str) -> dict[str, Series]:
 
     directory = os.path.join(model_dir, "tensorboard")
     accumulator = event_accumulator.EventAccumulator(
-        directory, size_guidance={event_accumulator.TENSORS: 0, event_accumulator.SCALARS: 0})
+        directory, size_guidance={event_accumulator.TENSORS: 0, event_accumulator.SCALARS: 0}
+    )
     accumulator.Reload()
     tags = accumulator.Tags()
     series: dict[str, Series] = {}
     for tag in tags.get("tensors", []):
-        series[tag] = [(e.step, float(tensor_util.make_ndarray(e.tensor_proto)))
-                       for e in accumulator.Tensors(tag)]
+        series[tag] = [
+            (e.step, float(tensor_util.make_ndarray(e.tensor_proto)))
+            for e in accumulator.Tensors(tag)
+        ]
     for tag in tags.get("scalars", []):
         series[tag] = [(e.step, float(e.value)) for e in accumulator.Scalars(tag)]
     return {tag: sorted(points) for tag, points in series.items() if points}
@@ -51,16 +54,20 @@ def summary_rows(series: dict[str, Series]) -> list[tuple[str, str]]:
         rows.append(("best eval loss", f"{loss:.4f} (step {step:,})"))
     if "train/learning_rate" in series:
         rows.append(("final learning rate", f"{series['train/learning_rate'][-1][1]:.3e}"))
-    steady = {tag: [v for _, v in points[1:] or points]  # the first window includes compiling
-              for tag, points in series.items()}
-    for tag, label, fmt in (("train/tokens_per_s", "tokens/s (median)", "{:,.0f}"),
-                            ("train/step_time_s", "step time s (median)", "{:.3f}"),
-                            ("train/mfu", "MFU (median)", "{:.1%}")):
+    steady = {
+        tag: [v for _, v in points[1:] or points]  # the first window includes compiling
+        for tag, points in series.items()
+    }
+    for tag, label, fmt in (
+        ("train/tokens_per_s", "tokens/s (median)", "{:,.0f}"),
+        ("train/step_time_s", "step time s (median)", "{:.3f}"),
+        ("train/mfu", "MFU (median)", "{:.1%}"),
+    ):
         if tag in steady:
             rows.append((label, fmt.format(statistics.median(steady[tag]))))
     for tag in sorted(t for t in series if t.startswith("eval/") and t.count("/") == 2):
         step, value = max(series[tag], key=lambda p: p[1])
-        rows.append((f"best {tag[len('eval/'):]}", f"{value:.2f} (step {step:,})"))
+        rows.append((f"best {tag[len('eval/') :]}", f"{value:.2f} (step {step:,})"))
     return rows
 
 
@@ -90,8 +97,9 @@ def plot(series: dict[str, Series], output_dir: str) -> list[str]:
         if name == "throughput.png" and "train/mfu" in series:
             right = ax.twinx()
             steps, values = zip(*series["train/mfu"])
-            right.plot(steps, [100 * v for v in values], color="tab:orange", marker=".",
-                       label="MFU")
+            right.plot(
+                steps, [100 * v for v in values], color="tab:orange", marker=".", label="MFU"
+            )
             right.set_ylabel("MFU (%)")
         ax.legend(loc="best")
         ax.grid(alpha=0.3)
@@ -112,8 +120,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     model_dir = storage.resolve(args.model_dir)
     if not storage.isdir(os.path.join(model_dir, "tensorboard")):
-        print(f"error: {args.model_dir} has no tensorboard/ directory; give a run's MODEL_DIR.",
-              file=sys.stderr)
+        print(
+            f"error: {args.model_dir} has no tensorboard/ directory; give a run's MODEL_DIR.",
+            file=sys.stderr,
+        )
         return 2
     series = read_scalars(model_dir)
     if not series:

@@ -10,25 +10,33 @@ from typing import Mapping
 
 from t5x_like.errors import ConfigError
 
-
 GUARDED_METRICS = ("loss", "grad_norm")
 
 
 def nonfinite_description(metrics: Mapping[str, float]) -> str:
     """Which guarded metric was not finite, with its value: "loss nan, grad_norm inf"."""
-    bad = [f"{k} {metrics[k]}" for k in GUARDED_METRICS
-           if k in metrics and not math.isfinite(float(metrics[k]))]
+    bad = [
+        f"{k} {metrics[k]}"
+        for k in GUARDED_METRICS
+        if k in metrics and not math.isfinite(float(metrics[k]))
+    ]
     return ", ".join(bad) or "a non-finite value"
 
 
-def stop_message(step: int, metrics: Mapping[str, float], saved_step: int | None,
-                 directory: str) -> str:
-    saved = (f"the last good state (step {saved_step}) is in {directory}"
-             if saved_step else "no update had succeeded, so nothing was saved")
-    return (f"step {step}: non-finite {nonfinite_description(metrics)}; training stopped "
-            f"(train.nonfinite_policy='stop') and {saved}. Lower the learning rate or check "
-            "the data near this step, or bind --gin.train.nonfinite_policy=skip to drop such "
-            "steps, then rerun the command to resume.")
+def stop_message(
+    step: int, metrics: Mapping[str, float], saved_step: int | None, directory: str
+) -> str:
+    saved = (
+        f"the last good state (step {saved_step}) is in {directory}"
+        if saved_step
+        else "no update had succeeded, so nothing was saved"
+    )
+    return (
+        f"step {step}: non-finite {nonfinite_description(metrics)}; training stopped "
+        f"(train.nonfinite_policy='stop') and {saved}. Lower the learning rate or check "
+        "the data near this step, or bind --gin.train.nonfinite_policy=skip to drop such "
+        "steps, then rerun the command to resume."
+    )
 
 
 class LossSpikes:
@@ -49,7 +57,9 @@ class LossSpikes:
         if len(self.recent) >= self.min_history:
             median = sorted(self.recent)[len(self.recent) // 2]
             if loss > self.ratio * median:
-                message = (f"step {step:>7}  loss spike: {loss:.4f} is {loss / median:.2f}x the "
-                           f"median {median:.4f} of the previous {len(self.recent)} steps")
+                message = (
+                    f"step {step:>7}  loss spike: {loss:.4f} is {loss / median:.2f}x the "
+                    f"median {median:.4f} of the previous {len(self.recent)} steps"
+                )
         self.recent.append(loss)
         return message

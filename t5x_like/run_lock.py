@@ -23,7 +23,7 @@ import time
 import uuid
 
 from t5x_like import storage
-from t5x_like.errors import ConfigError, ModelDirInUse
+from t5x_like.errors import ModelDirInUse
 
 LOCK_FILE = "RUN_LOCK.json"
 HEARTBEAT_S = 60.0
@@ -49,8 +49,15 @@ class RunLock:
     _stop: threading.Event = dataclasses.field(default_factory=threading.Event)
 
     def _lease(self, started: float) -> str:
-        return json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                           "started": started, "heartbeat": time.time(), "token": self.token})
+        return json.dumps(
+            {
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "started": started,
+                "heartbeat": time.time(),
+                "token": self.token,
+            }
+        )
 
     def start_heartbeat(self, started: float, every_s: float) -> None:
         def beat() -> None:
@@ -101,11 +108,17 @@ def _refuse(model_dir: str, path: str, holder: dict, stale_after_s: float) -> Mo
         f"MODEL_DIR {model_dir} is in use by another run ({_describe(holder)}): two runs on one "
         f"directory would mix their checkpoints. Stop that run first, or use another "
         f"--gin.MODEL_DIR. If it is dead, its lock {path} is taken over once its heartbeat is "
-        f"{stale_after_s:.0f} s old (or delete the file).")
+        f"{stale_after_s:.0f} s old (or delete the file)."
+    )
 
 
-def acquire(model_dir: str, *, stale_after_s: float = STALE_AFTER_S,
-            heartbeat_s: float = HEARTBEAT_S, settle_s: float = 2.0) -> RunLock:
+def acquire(
+    model_dir: str,
+    *,
+    stale_after_s: float = STALE_AFTER_S,
+    heartbeat_s: float = HEARTBEAT_S,
+    settle_s: float = 2.0,
+) -> RunLock:
     """Take MODEL_DIR for this run, or raise ModelDirInUse naming the holder."""
     path = os.path.join(model_dir, LOCK_FILE)
     lock, started = RunLock(path, uuid.uuid4().hex), time.time()

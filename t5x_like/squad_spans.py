@@ -22,7 +22,7 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class Window:
-    start: int   # first context token of the window
+    start: int  # first context token of the window
     length: int
 
 
@@ -55,14 +55,20 @@ def is_max_context(windows: Sequence[Window], index: int, position: int) -> bool
 @dataclasses.dataclass(frozen=True)
 class Span:
     window: int
-    start: int   # token positions inside the window's feature
+    start: int  # token positions inside the window's feature
     end: int
     score: float
 
 
-def best_spans(start_logits: np.ndarray, end_logits: np.ndarray, valid: np.ndarray,
-               n_best: int = 20, max_answer_length: int = 30, window: int = 0,
-               in_context: np.ndarray | None = None) -> list[Span]:
+def best_spans(
+    start_logits: np.ndarray,
+    end_logits: np.ndarray,
+    valid: np.ndarray,
+    n_best: int = 20,
+    max_answer_length: int = 30,
+    window: int = 0,
+    in_context: np.ndarray | None = None,
+) -> list[Span]:
     """Candidate spans of one feature, best first. `valid[i]` marks tokens that may start an
     answer (context tokens in their max-context window), `in_context[j]` those that may end
     one (any context token of the window; defaults to `valid`), as the reference checks."""
@@ -74,41 +80,48 @@ def best_spans(start_logits: np.ndarray, end_logits: np.ndarray, valid: np.ndarr
         for j in ends:
             if not (valid[i] and in_context[j]) or j < i or j - i + 1 > max_answer_length:
                 continue
-            spans.append(Span(window, int(i), int(j),
-                              float(start_logits[i] + end_logits[j])))
+            spans.append(Span(window, int(i), int(j), float(start_logits[i] + end_logits[j])))
     return sorted(spans, key=lambda s: -s.score)[:n_best]
 
 
-def best_and_null(features: Sequence[tuple[np.ndarray, ...]], n_best: int = 20,
-                  max_answer_length: int = 30,
-                  cls_index: int = 0) -> tuple[Span | None, float]:
+def best_and_null(
+    features: Sequence[tuple[np.ndarray, ...]],
+    n_best: int = 20,
+    max_answer_length: int = 30,
+    cls_index: int = 0,
+) -> tuple[Span | None, float]:
     """The best span over all windows of an example and the null ("no answer") score, the
     smallest start_logit[CLS] + end_logit[CLS] over the windows. Each feature is
     (start_logits, end_logits, valid[, in_context])."""
     candidates: list[Span] = []
     null_score = np.inf
     for w, (start_logits, end_logits, valid, *rest) in enumerate(features):
-        candidates += best_spans(start_logits, end_logits, valid, n_best, max_answer_length, w,
-                                 rest[0] if rest else None)
+        candidates += best_spans(
+            start_logits, end_logits, valid, n_best, max_answer_length, w, rest[0] if rest else None
+        )
         null_score = min(null_score, float(start_logits[cls_index] + end_logits[cls_index]))
     return max(candidates, key=lambda s: s.score, default=None), null_score
 
 
-def predict(features: Sequence[tuple[np.ndarray, ...]],
-            n_best: int = 20, max_answer_length: int = 30, cls_index: int = 0,
-            null_threshold: float | None = None) -> Span | None:
+def predict(
+    features: Sequence[tuple[np.ndarray, ...]],
+    n_best: int = 20,
+    max_answer_length: int = 30,
+    cls_index: int = 0,
+    null_threshold: float | None = None,
+) -> Span | None:
     """The answer span over all windows of an example (v1.1), or None for "no answer" when
     `null_threshold` (v2.0's tau) is given and the null score beats the best span's by more
     than tau."""
     best, null_score = best_and_null(features, n_best, max_answer_length, cls_index)
-    if null_threshold is not None and (best is None or
-                                       null_score - best.score > null_threshold):
+    if null_threshold is not None and (best is None or null_score - best.score > null_threshold):
         return None
     return best
 
 
-def best_null_threshold(score_diffs: Sequence[float], has_answer: Sequence[bool],
-                        span_scores: Sequence[float]) -> tuple[float, float]:
+def best_null_threshold(
+    score_diffs: Sequence[float], has_answer: Sequence[bool], span_scores: Sequence[float]
+) -> tuple[float, float]:
     """Tune tau on a dev set as the paper does: (best threshold, the score it reaches in
     percent). `score_diffs[i]` is example i's null score minus its best span score (answer
     "no answer" when above tau); `has_answer[i]` whether it has gold answers; `span_scores[i]`
@@ -150,30 +163,33 @@ def whitespace_words(context: str) -> tuple[list[str], list[int]]:
     return words, char_to_word
 
 
-def answer_word_span(char_to_word: Sequence[int], answer_start: int,
-                     answer_text: str) -> tuple[int, int]:
+def answer_word_span(
+    char_to_word: Sequence[int], answer_start: int, answer_text: str
+) -> tuple[int, int]:
     """First and last word of an answer given by its character offset."""
     end_char = min(answer_start + len(answer_text) - 1, len(char_to_word) - 1)
     return char_to_word[answer_start], char_to_word[end_char]
 
 
-def answer_recoverable(words: Sequence[str], answer_words: tuple[int, int],
-                       answer_text: str) -> bool:
+def answer_recoverable(
+    words: Sequence[str], answer_words: tuple[int, int], answer_text: str
+) -> bool:
     """Whether the words an answer's offsets cover hold its text (whitespace-normalised), the
     reference's test before it trains on an example (run_squad.read_squad_examples)."""
-    actual = " ".join(words[answer_words[0]:answer_words[1] + 1])
+    actual = " ".join(words[answer_words[0] : answer_words[1] + 1])
     return " ".join(answer_text.split()) in actual
 
 
-def improve_answer_span(pieces: Sequence[int], start: int, end: int,
-                        answer_ids: Sequence[int]) -> tuple[int, int]:
+def improve_answer_span(
+    pieces: Sequence[int], start: int, end: int, answer_ids: Sequence[int]
+) -> tuple[int, int]:
     """The narrowest pieces within [start, end] that are exactly the answer's own pieces
     (run_squad._improve_answer_span: "1895" in "(1895-1943)" is one piece, not the word),
     else [start, end]."""
     answer_ids = list(answer_ids)
     for new_start in range(start, end + 1):
         for new_end in range(end, new_start - 1, -1):
-            if list(pieces[new_start:new_end + 1]) == answer_ids:
+            if list(pieces[new_start : new_end + 1]) == answer_ids:
                 return new_start, new_end
     return start, end
 
@@ -189,15 +205,21 @@ class Feature:
     start_position: int
     end_position: int
     token_to_word: dict[int, int]
-    valid: np.ndarray       # may start an answer: context tokens in their max-context window
+    valid: np.ndarray  # may start an answer: context tokens in their max-context window
     in_context: np.ndarray  # may end one: any context token
 
 
-def featurize(query_ids: Sequence[int], word_pieces: Sequence[Sequence[int]],
-              max_seq_length: int, doc_stride: int, cls_id: int, sep_id: int,
-              answer_words: tuple[int, int] | None = None,
-              max_query_length: int = 64,
-              answer_ids: Sequence[int] | None = None) -> list[Feature]:
+def featurize(
+    query_ids: Sequence[int],
+    word_pieces: Sequence[Sequence[int]],
+    max_seq_length: int,
+    doc_stride: int,
+    cls_id: int,
+    sep_id: int,
+    answer_words: tuple[int, int] | None = None,
+    max_query_length: int = 64,
+    answer_ids: Sequence[int] | None = None,
+) -> list[Feature]:
     """`[CLS] question [SEP] window [SEP]` for each document-stride window over the context's
     pieces (`word_pieces[w]` = the pieces of word w), as the reference's
     `convert_examples_to_features`; `answer_ids` (the answer text's pieces) narrow the
@@ -210,8 +232,7 @@ def featurize(query_ids: Sequence[int], word_pieces: Sequence[Sequence[int]],
             piece_word.append(w)
     answer_pieces = None
     if answer_words is not None:
-        covered = [i for i, w in enumerate(piece_word)
-                   if answer_words[0] <= w <= answer_words[1]]
+        covered = [i for i, w in enumerate(piece_word) if answer_words[0] <= w <= answer_words[1]]
         if covered:
             answer_pieces = (covered[0], covered[-1])
             if answer_ids is not None:
@@ -220,18 +241,26 @@ def featurize(query_ids: Sequence[int], word_pieces: Sequence[Sequence[int]],
     offset = len(query) + 2
     features = []
     for index, window in enumerate(windows):
-        ids = [cls_id] + query + [sep_id] + pieces[window.start:window.start + window.length] \
+        ids = (
+            [cls_id]
+            + query
             + [sep_id]
+            + pieces[window.start : window.start + window.length]
+            + [sep_id]
+        )
         segments = [0] * offset + [1] * (window.length + 1)
         token_to_word, valid = {}, np.zeros(max_seq_length, bool)
         in_context = np.zeros(max_seq_length, bool)
-        in_context[offset:offset + window.length] = True
+        in_context[offset : offset + window.length] = True
         for i in range(window.length):
             token_to_word[offset + i] = piece_word[window.start + i]
             valid[offset + i] = is_max_context(windows, index, window.start + i)
         start = end = 0
-        if answer_pieces is not None and window.start <= answer_pieces[0] and \
-                answer_pieces[1] < window.start + window.length:
+        if (
+            answer_pieces is not None
+            and window.start <= answer_pieces[0]
+            and answer_pieces[1] < window.start + window.length
+        ):
             start = answer_pieces[0] - window.start + offset
             end = answer_pieces[1] - window.start + offset
         features.append(Feature(ids, segments, start, end, token_to_word, valid, in_context))
@@ -241,7 +270,7 @@ def featurize(query_ids: Sequence[int], word_pieces: Sequence[Sequence[int]],
 def span_text(words: Sequence[str], feature: Feature, span: Span) -> str:
     """The original context words a predicted span covers."""
     first, last = feature.token_to_word[span.start], feature.token_to_word[span.end]
-    return " ".join(words[first:last + 1])
+    return " ".join(words[first : last + 1])
 
 
 def piece_text(pieces: Sequence[str]) -> str:
@@ -276,4 +305,4 @@ def final_text(predicted: str, original: str, basic_words: Sequence[str]) -> str
     position = {index: n for n, index in enumerate(tokenized_index)}
     if start not in position or end not in position:
         return original
-    return original[original_index[position[start]]:original_index[position[end]] + 1]
+    return original[original_index[position[start]] : original_index[position[end]] + 1]

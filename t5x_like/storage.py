@@ -95,8 +95,9 @@ def copy_tree(source: str, destination: str) -> None:
         target = destination if relative == "." else os.path.join(destination, relative)
         makedirs(target)
         for name in files:
-            _tf().io.gfile.copy(os.path.join(directory, name), os.path.join(target, name),
-                             overwrite=True)
+            _tf().io.gfile.copy(
+                os.path.join(directory, name), os.path.join(target, name), overwrite=True
+            )
 
 
 def file_sizes(root: str) -> dict[str, int]:
@@ -121,8 +122,10 @@ def file_crc32(path: str, chunk_bytes: int = 16 << 20) -> int:
 def file_digests(root: str) -> dict[str, dict[str, int]]:
     """{path relative to `root`: {"size", "crc32"}} of every file under `root`: what a later
     reader compares to tell a damaged file (same size, other bytes) from the one written."""
-    return {name: {"size": size, "crc32": file_crc32(os.path.join(root, name))}
-            for name, size in file_sizes(root).items()}
+    return {
+        name: {"size": size, "crc32": file_crc32(os.path.join(root, name))}
+        for name, size in file_sizes(root).items()
+    }
 
 
 def free_bytes(path: str) -> int | None:

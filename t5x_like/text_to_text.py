@@ -43,8 +43,13 @@ def remove_markup(text: tf.Tensor) -> tf.Tensor:
 
 
 @seqio.map_over_dataset
-def glue(x, benchmark_name: str, label_names: Sequence[str] | None,
-         feature_names: Sequence[str] | None = None, id_key: str = "idx"):
+def glue(
+    x,
+    benchmark_name: str,
+    label_names: Sequence[str] | None,
+    feature_names: Sequence[str] | None = None,
+    id_key: str = "idx",
+):
     """GLUE/SuperGLUE classification and regression as text (t5.data.preprocessors.glue and
     .stsb). `label_names` None means a regression label (STS-B), rounded to 0.2 and written
     with one decimal. MultiRC's markup is removed from the joined text, as the reference
@@ -76,16 +81,20 @@ def glue(x, benchmark_name: str, label_names: Sequence[str] | None,
 # SuperGLUE WSC texts whose span2_index does not point at the pronoun, with the text the T5
 # library substitutes (t5.data.preprocessors._wsc_inputs, copied verbatim).
 WSC_SPECIAL_CASES = (
-    ('The boy continued to whip the pony , and eventually the pony threw him over. John '
-     'laughed out quite loud. "Good for him," he said. ',
-     'The boy continued to whip the pony , and eventually the pony threw him over. John '
-     'laughed out quite loud. "Good for X ," he said.'),
-    ('When they had eventually calmed down a bit , and had gotten home, Mr. Farley put the '
-     'magic pebble in an iron safe . Some day they might want to use it , but really for now, '
-     'what more could they wish for?',
-     'When they had eventually calmed down a bit , and had gotten home, Mr. Farley put the '
-     'magic pebble in an iron safe . Some day they might want to use X , but really for now, '
-     'what more could they wish for?'),
+    (
+        "The boy continued to whip the pony , and eventually the pony threw him over. John "
+        'laughed out quite loud. "Good for him," he said. ',
+        "The boy continued to whip the pony , and eventually the pony threw him over. John "
+        'laughed out quite loud. "Good for X ," he said.',
+    ),
+    (
+        "When they had eventually calmed down a bit , and had gotten home, Mr. Farley put the "
+        "magic pebble in an iron safe . Some day they might want to use it , but really for now, "
+        "what more could they wish for?",
+        "When they had eventually calmed down a bit , and had gotten home, Mr. Farley put the "
+        "magic pebble in an iron safe . Some day they might want to use X , but really for now, "
+        "what more could they wish for?",
+    ),
 )
 
 
@@ -98,9 +107,14 @@ def wsc_blank(text: tf.Tensor, word_index: tf.Tensor) -> tf.Tensor:
     pipeline."""
     words = tf.strings.split([text], sep=" ").values
     i = tf.cast(word_index, tf.int32)
-    blanked = tf.strings.join([tf.strings.reduce_join(words[:i], separator=" "), "X",
-                               tf.strings.reduce_join(words[i + 1:], separator=" ")],
-                              separator=" ")
+    blanked = tf.strings.join(
+        [
+            tf.strings.reduce_join(words[:i], separator=" "),
+            "X",
+            tf.strings.reduce_join(words[i + 1 :], separator=" "),
+        ],
+        separator=" ",
+    )
     for original, replacement in WSC_SPECIAL_CASES:
         blanked = tf.where(tf.equal(text, original), replacement, blanked)
     return blanked
@@ -110,10 +124,17 @@ def wsc_blank(text: tf.Tensor, word_index: tf.Tensor) -> tf.Tensor:
 def wsc_simple(x):
     """SuperGLUE WSC in the referent format (t5.data.preprocessors.wsc_simple): the pronoun
     between asterisks ('*he*'), the candidate noun phrase as the target."""
-    marked = tf.strings.regex_replace(wsc_blank(x["text"], x["span2_index"]), r" X ",
-                                      tf.strings.join([" *", x["span2_text"], "* "]))
-    return {"inputs": _join(["wsc:", marked]), "targets": tf.reshape(x["span1_text"], []),
-            "label": x.get("label", 0), "idx": x["idx"]}
+    marked = tf.strings.regex_replace(
+        wsc_blank(x["text"], x["span2_index"]),
+        r" X ",
+        tf.strings.join([" *", x["span2_text"], "* "]),
+    )
+    return {
+        "inputs": _join(["wsc:", marked]),
+        "targets": tf.reshape(x["span1_text"], []),
+        "label": x.get("label", 0),
+        "idx": x["idx"],
+    }
 
 
 def keep_true_examples(dataset: tf.data.Dataset) -> tf.data.Dataset:
@@ -128,8 +149,7 @@ def definite_pronoun_resolution_simple(x):
     of the pronoun after a space and before a space, '.' or ',' is the one to resolve (the
     reference's pattern, the pronoun inserted into it as a regular expression)."""
     pattern = tf.strings.join([r" (", x["pronoun"], r")( |\.|,)"])
-    sentence = tf.strings.regex_replace(x["sentence"], pattern, r" *\1*\2",
-                                        replace_global=False)
+    sentence = tf.strings.regex_replace(x["sentence"], pattern, r" *\1*\2", replace_global=False)
     return {"inputs": _join(["wsc:", sentence]), "targets": x["candidates"][x["label"]]}
 
 
@@ -138,21 +158,32 @@ def record(dataset: tf.data.Dataset) -> tf.data.Dataset:
     highlights in the passage become sentences."""
 
     def expand(x):
-        passage = tf.strings.regex_replace(x["passage"], r"(\.|\?|\!|\"|\')\n@highlight\n",
-                                           r"\1 ")
+        passage = tf.strings.regex_replace(x["passage"], r"(\.|\?|\!|\"|\')\n@highlight\n", r"\1 ")
         passage = tf.strings.regex_replace(passage, r"\n@highlight\n", ". ")
-        inputs = _join(["record query:", x["query"], "entities:",
-                        tf.strings.reduce_join(x["entities"], separator=", "), "passage:",
-                        passage])
+        inputs = _join(
+            [
+                "record query:",
+                x["query"],
+                "entities:",
+                tf.strings.reduce_join(x["entities"], separator=", "),
+                "passage:",
+                passage,
+            ]
+        )
         answers = x["answers"]
-        targets = tf.cond(tf.size(answers) > 0, lambda: answers,
-                          lambda: tf.constant([UNKNOWN_LABEL]))
+        targets = tf.cond(
+            tf.size(answers) > 0, lambda: answers, lambda: tf.constant([UNKNOWN_LABEL])
+        )
         n = tf.size(targets)
-        return tf.data.Dataset.from_tensor_slices({
-            "inputs": tf.repeat(inputs, n), "targets": targets,
-            "answers": tf.repeat(tf.expand_dims(answers, 0), n, axis=0),
-            "idx_passage": tf.repeat(x["idx"]["passage"], n),
-            "idx_query": tf.repeat(x["idx"]["query"], n)})
+        return tf.data.Dataset.from_tensor_slices(
+            {
+                "inputs": tf.repeat(inputs, n),
+                "targets": targets,
+                "answers": tf.repeat(tf.expand_dims(answers, 0), n, axis=0),
+                "idx_passage": tf.repeat(x["idx"]["passage"], n),
+                "idx_query": tf.repeat(x["idx"]["query"], n),
+            }
+        )
 
     return dataset.flat_map(expand)
 
@@ -176,8 +207,12 @@ def squad(x):
     (t5.data.preprocessors.squad)."""
     answers = pad_punctuation(x["answers"]["text"])
     question, context = pad_punctuation(x["question"]), pad_punctuation(x["context"])
-    return {"inputs": _string_join(["question:", question, "context:", context]),
-            "targets": answers[0], "answers": answers, "id": x["id"]}
+    return {
+        "inputs": _string_join(["question:", question, "context:", context]),
+        "targets": answers[0],
+        "answers": answers,
+        "id": x["id"],
+    }
 
 
 @seqio.map_over_dataset
@@ -190,6 +225,5 @@ LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "ro": "Romani
 
 @seqio.map_over_dataset
 def translate(x, source_language: str, target_language: str):
-    prefix = (f"translate {LANGUAGE_NAMES[source_language]} to "
-              f"{LANGUAGE_NAMES[target_language]}:")
+    prefix = f"translate {LANGUAGE_NAMES[source_language]} to {LANGUAGE_NAMES[target_language]}:"
     return {"inputs": _join([prefix, x[source_language]]), "targets": x[target_language]}

@@ -32,13 +32,29 @@ import numpy as np
 import seqio
 from clu import metric_writers
 
-from t5x_like import config, errors
-from t5x_like import (cli, classifier_eval, decoding, evaluation, flops, hardware,
-                      input_pipeline, logs, optimizers, partitioning, preemption,
-                      run_health, run_lock, storage, train_data, trainer)
+from t5x_like import (
+    classifier_eval,
+    cli,
+    config,
+    decoding,
+    errors,
+    evaluation,
+    flops,
+    hardware,
+    input_pipeline,
+    logs,
+    optimizers,
+    partitioning,
+    preemption,
+    run_health,
+    run_lock,
+    storage,
+    train_data,
+    trainer,
+)
 from t5x_like.checkpoints import params_io
-from t5x_like.models.base import Model
 from t5x_like.models import t5
+from t5x_like.models.base import Model
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
 
 
@@ -51,26 +67,32 @@ def _check_model_dir(model_dir: str | None) -> str:
         storage.write_text(probe, "ok")
         storage.remove(probe)
     except storage.ERRORS as e:
-        raise errors.ConfigError(f"MODEL_DIR {model_dir} is not writable ({e}); choose another "
-                              "--gin.MODEL_DIR.") from e
+        raise errors.ConfigError(
+            f"MODEL_DIR {model_dir} is not writable ({e}); choose another --gin.MODEL_DIR."
+        ) from e
     return model_dir
 
 
 def _check_resume_config(checkpointer: trainer.Checkpointer, cfg) -> None:
     saved, current = checkpointer.restore_config().to_json(), cfg.to_json()
-    diffs = [f"{k}: checkpoint {v!r} vs config {current.get(k)!r}" for k, v in saved.items()
-             if v != current.get(k) and k not in params_io.COMPUTE_ONLY_FIELDS]
+    diffs = [
+        f"{k}: checkpoint {v!r} vs config {current.get(k)!r}"
+        for k, v in saved.items()
+        if v != current.get(k) and k not in params_io.COMPUTE_ONLY_FIELDS
+    ]
     if "scan_layers" in saved and saved["scan_layers"] != current.get("scan_layers"):
         raise errors.ConfigError(
             f"MODEL_DIR {checkpointer.directory} was trained with scan_layers="
             f"{saved['scan_layers']}; resume with --gin.{type(cfg).__name__}.scan_layers="
             f"{saved['scan_layers']} (the optimizer state is in that layout), or start a new "
-            "run from it with --gin.train.init_checkpoint, which converts the parameters.")
+            "run from it with --gin.train.init_checkpoint, which converts the parameters."
+        )
     if diffs:
         raise errors.ConfigError(
             f"MODEL_DIR {checkpointer.directory} holds a checkpoint of a different model "
             f"({'; '.join(diffs)}). Use another --gin.MODEL_DIR or the checkpoint's model gin "
-            "file.")
+            "file."
+        )
 
 
 def _write_text(path: str, text: str) -> None:
@@ -178,8 +200,10 @@ def train(
     # once training has begun, stops it at the next step with a checkpoint.
 
     def end_start_up(signal_name: str) -> None:
-        _log(f"Stopped by {signal_name} during start-up, before the first step: nothing was "
-             "trained, so nothing is saved. Rerun the same command to start.")
+        _log(
+            f"Stopped by {signal_name} during start-up, before the first step: nothing was "
+            "trained, so nothing is saved. Rerun the same command to start."
+        )
         if lock is not None:
             lock.release()
 
@@ -206,66 +230,100 @@ def train(
         rules = partitioning.logical_axis_rules(num_partitions=partitioning.model_axis_size(mesh))
         partitioning.check_rules_match_mesh(rules, mesh)
         partitioning.check_batch_size(batch_size, mesh, num_microbatches, rules)
-        lr_fn = optimizers.learning_rate_schedule(learning_rate_schedule, warmup_steps,
-                                                  learning_rate_scale, constant_learning_rate,
-                                                  peak_learning_rate, train_steps)
+        lr_fn = optimizers.learning_rate_schedule(
+            learning_rate_schedule,
+            warmup_steps,
+            learning_rate_scale,
+            constant_learning_rate,
+            peak_learning_rate,
+            train_steps,
+        )
         tx = optimizers.make_optimizer(optimizer, lr_fn, getattr(model, "frozen_modules", ()))
         layout = trainer.make_layout(model, tx, mesh, rules)  # abstract: cheap
         abstract = trainer.abstract_state(model, tx, layout)
         checkpointer = trainer.Checkpointer(model_dir, keep_checkpoints)
         start_step = checkpointer.latest_step() or 0
-        resuming = (f"Resuming from step {start_step}, the newest complete checkpoint."
-                    if start_step else "There is no complete checkpoint: starting afresh.")
+        resuming = (
+            f"Resuming from step {start_step}, the newest complete checkpoint."
+            if start_step
+            else "There is no complete checkpoint: starting afresh."
+        )
         for leftover in checkpointer.interrupted_saves:
-            _log(f"Ignoring {leftover} in {checkpointer.directory}: a save that was interrupted "
-                 f"before it completed (removed now). {resuming}")
+            _log(
+                f"Ignoring {leftover} in {checkpointer.directory}: a save that was interrupted "
+                f"before it completed (removed now). {resuming}"
+            )
         for step in checkpointer.unverified_saves:
-            _log(f"Ignoring step {step} in {checkpointer.directory}: it has no manifest (the "
-                 "run stopped before it was written), so it cannot be checked (removed now). "
-                 f"{resuming}")
+            _log(
+                f"Ignoring step {step} in {checkpointer.directory}: it has no manifest (the "
+                "run stopped before it was written), so it cannot be checked (removed now). "
+                f"{resuming}"
+            )
         vocabularies = input_pipeline.task_vocabularies(task_obj)
         record = checkpointer.restore_record(start_step) if start_step else {}
         if start_step:
             _check_resume_config(checkpointer, cfg)
-            input_pipeline.check_resumed_vocabulary(record.get("vocabularies", {}), vocabularies,
-                                                    model_dir, task)
+            input_pipeline.check_resumed_vocabulary(
+                record.get("vocabularies", {}), vocabularies, model_dir, task
+            )
         elif init_checkpoint:
             params_io.check_compatible(
-                params_io.restore_config(params_io.checkpoint_directory(init_checkpoint)), cfg,
-                init_checkpoint)
+                params_io.restore_config(params_io.checkpoint_directory(init_checkpoint)),
+                cfg,
+                init_checkpoint,
+            )
         eval_tasks = evaluation.evaluable_tasks(task) if metrics_eval_every else []
 
-        print(f"Operative config (saved to {model_dir}/config.gin):\n{gin.operative_config_str()}",
-              flush=True)
+        print(
+            f"Operative config (saved to {model_dir}/config.gin):\n{gin.operative_config_str()}",
+            flush=True,
+        )
         _write_text(os.path.join(model_dir, "config.gin"), gin.operative_config_str())
         table, _ = partitioning.parameter_table(layout.boxed_params, layout.state_shardings.params)
         state_bytes = partitioning.state_bytes_per_device(abstract, layout.state_shardings)
-        report = (f"{partitioning.describe_mesh(mesh)}; rules {list(rules)}\n{table}\n"
-                  f"parameters + optimizer state per device: {state_bytes:,} bytes\n"
-                  f"{model_size_line(model, phase_plan[0][1], batch_size)}")
+        report = (
+            f"{partitioning.describe_mesh(mesh)}; rules {list(rules)}\n{table}\n"
+            f"parameters + optimizer state per device: {state_bytes:,} bytes\n"
+            f"{model_size_line(model, phase_plan[0][1], batch_size)}"
+        )
         _log(report)
         _write_text(os.path.join(model_dir, "partitioning.txt"), report + "\n")
 
         # --- data --------------------------------------------------------------------------
-        saved_order = (train_data.DataOrder(**record["data_order"]) if "data_order" in record
-                       else None)
-        order = train_data.DataOrder(task, batch_size, seed, train_data.resolve_data_shards(
-            data_shards, batch_size, jax.process_count(), saved_order))
+        saved_order = (
+            train_data.DataOrder(**record["data_order"]) if "data_order" in record else None
+        )
+        order = train_data.DataOrder(
+            task,
+            batch_size,
+            seed,
+            train_data.resolve_data_shards(
+                data_shards, batch_size, jax.process_count(), saved_order
+            ),
+        )
         if saved_order is not None and saved_order != order:
-            _log(f"Note: the interrupted run read {saved_order}; this one reads {order}, so the "
-                 "batches from here on differ from the ones it would have seen.")
+            _log(
+                f"Note: the interrupted run read {saved_order}; this one reads {order}, so the "
+                "batches from here on differ from the ones it would have seen."
+            )
 
         def train_batches(phase_index: int, step: int) -> train_data.HostBatches:
             """The phase's stream (seeded by the step the phase starts at), from `step` on: where
             the checkpoint of `step` saved it, else by skipping the phase's batches before it."""
             first = _phase_start(phase_plan, phase_index)
             stream = train_data.HostBatches(
-                dataclasses.replace(order, seed=seed + first), phase_plan[phase_index][1],
-                start_batch=step - first, pack=pack, model=model,
-                restore_from=train_data.input_state_dir(model_dir, step) if step > first else None)
+                dataclasses.replace(order, seed=seed + first),
+                phase_plan[phase_index][1],
+                start_batch=step - first,
+                pack=pack,
+                model=model,
+                restore_from=train_data.input_state_dir(model_dir, step) if step > first else None,
+            )
             if step > first:
-                _log(f"step {step:>7}  input pipeline: {stream.how_started}, so the data continues "
-                     "exactly where the run left it")
+                _log(
+                    f"step {step:>7}  input pipeline: {stream.how_started}, so the data continues "
+                    "exactly where the run left it"
+                )
             input_position.stream, input_position.first = stream, first
             return stream
 
@@ -277,8 +335,10 @@ def train(
         input_pipeline.check_not_empty(first_batch, task, "train", feature_lengths)
         train_iter = itertools.chain([first_batch], train_iter)
         if len(phase_plan) > 1:
-            _log(f"step {start_step:>7}  phase {phase + 1} of {len(phase_plan)}: task feature "
-                 f"lengths {feature_lengths}")
+            _log(
+                f"step {start_step:>7}  phase {phase + 1} of {len(phase_plan)}: task feature "
+                f"lengths {feature_lengths}"
+            )
 
         # --- model state ----------------------------------------------------------------------
         rng = jax.random.key(seed)
@@ -287,14 +347,24 @@ def train(
             _log(f"Resumed from the checkpoint at step {start_step} in {checkpointer.directory}")
         elif init_checkpoint:
             params = params_io.load_pretrained(
-                init_checkpoint, cfg, abstract.params,
-                fresh_params=lambda: trainer.init_state(model, tx, rng, layout).params)
+                init_checkpoint,
+                cfg,
+                abstract.params,
+                fresh_params=lambda: trainer.init_state(model, tx, rng, layout).params,
+            )
             state = trainer.state_from_params(params, tx, layout)
             _log(f"Fine-tuning from the parameters in {init_checkpoint}")
         else:
             state = trainer.init_state(model, tx, rng, layout)
-        train_step = trainer.make_train_step(model, tx, lr_fn, layout, num_microbatches,
-                                             nonfinite_policy, tuple(inject_nonfinite_at_steps))
+        train_step = trainer.make_train_step(
+            model,
+            tx,
+            lr_fn,
+            layout,
+            num_microbatches,
+            nonfinite_policy,
+            tuple(inject_nonfinite_at_steps),
+        )
         spikes = run_health.LossSpikes(loss_spike_ratio)
         # Non-finite steps skipped before the current log window (the window's are read with it).
         nonfinite_logged = int(record.get("nonfinite_steps", 0))
@@ -304,9 +374,17 @@ def train(
             now that it is."""
             pending = sum(int(m["nonfinite"]) for m in jax.device_get(window))
             _save_input_position(int(state.step))
-            _log_saved(checkpointer.save(state, cfg, {
-                "data_order": order.to_json(), "nonfinite_steps": nonfinite_logged + pending,
-                "vocabularies": vocabularies}))
+            _log_saved(
+                checkpointer.save(
+                    state,
+                    cfg,
+                    {
+                        "data_order": order.to_json(),
+                        "nonfinite_steps": nonfinite_logged + pending,
+                        "vocabularies": vocabularies,
+                    },
+                )
+            )
             kept = checkpointer.steps()
             if kept and jax.process_index() == 0:
                 train_data.remove_input_states_before(model_dir, min(kept))
@@ -320,12 +398,16 @@ def train(
             why_not = stream.save(train_data.input_state_dir(model_dir, step))
             if why_not and not input_position.warned:
                 input_position.warned = True
-                _log(f"step {step:>7}  Note: the input pipeline's position could not be saved "
-                     f"({why_not}); a resume will re-read the batches before its step instead.")
+                _log(
+                    f"step {step:>7}  Note: the input pipeline's position could not be saved "
+                    f"({why_not}); a resume will re-read the batches before its step instead."
+                )
+
         eval_step = trainer.make_eval_step(model, layout)
 
         writer = metric_writers.create_default_writer(
-            os.path.join(model_dir, "tensorboard"), just_logging=jax.process_index() > 0)
+            os.path.join(model_dir, "tensorboard"), just_logging=jax.process_index() > 0
+        )
         tokens_per_batch = batch_size * sum(feature_lengths.values())
         peak, peak_source = hardware.peak_flops()
         _log(f"MFU is model FLOPs per second over {peak:.4g} FLOP/s ({peak_source})")
@@ -345,8 +427,10 @@ def train(
                 feature_lengths = dict(phase_plan[phase][1])
                 tokens_per_batch = batch_size * sum(feature_lengths.values())
                 train_iter, eval_data = train_batches(phase, step), None
-                _log(f"step {step:>7}  phase {phase + 1} of {len(phase_plan)}: task feature "
-                     f"lengths {feature_lengths}")
+                _log(
+                    f"step {step:>7}  phase {phase + 1} of {len(phase_plan)}: task feature "
+                    f"lengths {feature_lengths}"
+                )
             batch = layout.global_batch(next(train_iter))
             if profile and step == profile[0]:
                 trace_dir = _start_trace(model_dir)
@@ -361,8 +445,10 @@ def train(
                 profiling = False
                 jax.block_until_ready(state)
                 _stop_trace(trace_dir, model_dir)
-                _log(f"step {step:>7}  profile of steps {profile[0]}-{profile[1]} written to "
-                     f"{model_dir}/tensorboard/plugins/profile (TensorBoard's Profile tab)")
+                _log(
+                    f"step {step:>7}  profile of steps {profile[0]}-{profile[1]} written to "
+                    f"{model_dir}/tensorboard/plugins/profile (TensorBoard's Profile tab)"
+                )
             window.append(metrics)
             bar.update(1)
             if step % log_every == 0 or step == train_steps:
@@ -384,20 +470,29 @@ def train(
                 window, window_start = [], time.perf_counter()
             if eval_every and (step % eval_every == 0 or step == train_steps):
                 if eval_data is None:
-                    eval_data = load_eval_batches(task, feature_lengths, batch_size, eval_batches,
-                                                  pack, model)
+                    eval_data = load_eval_batches(
+                        task, feature_lengths, batch_size, eval_batches, pack, model
+                    )
                 with layout.context():
                     eval_metrics = evaluate(eval_step, state.params, eval_data, layout, model)
                 if eval_metrics:
                     writer.write_scalars(step, {f"eval/{k}": v for k, v in eval_metrics.items()})
                     _log(f"step {step:>7}  eval " + _format_metrics(eval_metrics))
             if eval_tasks and (step % metrics_eval_every == 0 or step == train_steps):
-                task_metrics = _evaluate_tasks(model, state.params, eval_tasks, feature_lengths,
-                                               metrics_eval_batch_size, metrics_eval_examples)
+                task_metrics = _evaluate_tasks(
+                    model,
+                    state.params,
+                    eval_tasks,
+                    feature_lengths,
+                    metrics_eval_batch_size,
+                    metrics_eval_examples,
+                )
                 for name, values in task_metrics.items():
                     writer.write_scalars(step, {f"eval/{name}/{k}": v for k, v in values.items()})
-                    _log(f"step {step:>7}  {name}: " + ", ".join(f"{k} {v:.2f}"
-                                                                for k, v in values.items()))
+                    _log(
+                        f"step {step:>7}  {name}: "
+                        + ", ".join(f"{k} {v:.2f}" for k, v in values.items())
+                    )
                 best.update(step, state.params, cfg, task_metrics)
             preempted = watcher.should_stop(step)
             if preempted or step % checkpoint_every == 0 or step == train_steps:
@@ -408,14 +503,21 @@ def train(
         _log_saved(checkpointer.close())  # the watcher still guards this last save
         watcher.close()
         if preempted:
-            _log(f"step {step:>7}  stopped by {watcher.signal_name}: rerun the same command to "
-                 "resume from this step")
+            _log(
+                f"step {step:>7}  stopped by {watcher.signal_name}: rerun the same command to "
+                "resume from this step"
+            )
         writer.flush()
 
-        if (num_predictions and not preempted and jax.process_index() == 0
-                and hasattr(model, "predict_batch")):
-            show_predictions(model, jax.device_get(state.params), task, feature_lengths,
-                             num_predictions)
+        if (
+            num_predictions
+            and not preempted
+            and jax.process_index() == 0
+            and hasattr(model, "predict_batch")
+        ):
+            show_predictions(
+                model, jax.device_get(state.params), task, feature_lengths, num_predictions
+            )
         return state
     finally:
         if bar is not None:
@@ -430,8 +532,7 @@ def _log_saved(step: int | None) -> None:
         _log(f"step {step:>7}  checkpoint saved")
 
 
-def model_size_line(model: Model, feature_lengths: Mapping[str, int],
-                    batch_size: int) -> str:
+def model_size_line(model: Model, feature_lengths: Mapping[str, int], batch_size: int) -> str:
     """Parameter count and hand-counted model FLOPs (`flops.forward_flops`), so runs of
     different architectures (the T5 paper's Table 2) can be compared at start-up."""
     params = t5.count_params(model.abstract_params())
@@ -439,26 +540,40 @@ def model_size_line(model: Model, feature_lengths: Mapping[str, int],
     line = f"model: {type(model).__name__}, {params:,} parameters"
     if step is not None:
         forward = step / (flops.TRAINING_MULTIPLIER * batch_size)
-        line += (f"; forward FLOPs per example at {dict(feature_lengths)}: {forward:.4g}; "
-                 f"per train step (x{flops.TRAINING_MULTIPLIER}, batch {batch_size}): "
-                 f"{step:.4g}")
+        line += (
+            f"; forward FLOPs per example at {dict(feature_lengths)}: {forward:.4g}; "
+            f"per train step (x{flops.TRAINING_MULTIPLIER}, batch {batch_size}): "
+            f"{step:.4g}"
+        )
     return line
 
 
-def _evaluate_tasks(model: Model, params, task_names: Sequence[str],
-                    feature_lengths: Mapping[str, int], batch_size: int,
-                    max_examples: int | None) -> dict[str, dict[str, float]]:
+def _evaluate_tasks(
+    model: Model,
+    params,
+    task_names: Sequence[str],
+    feature_lengths: Mapping[str, int],
+    batch_size: int,
+    max_examples: int | None,
+) -> dict[str, dict[str, float]]:
     """Score each task's validation set with its metrics: decoded text (DecodeConfig from gin;
     greedy by default) for text-to-text models, the head's predictions for BERT's."""
     if not hasattr(model, "predict_batch"):
-        return {name: classifier_eval.evaluate_task(model, params, name, "validation",
-                                                    feature_lengths, batch_size, max_examples)
-                for name in task_names}
-    predict_fn = evaluation.make_predict_fn(model, feature_lengths["targets"],
-                                            decoding.DecodeConfig())
-    return {name: evaluation.evaluate_task(predict_fn, params, name, "validation",
-                                           feature_lengths, batch_size, max_examples)[0]
-            for name in task_names}
+        return {
+            name: classifier_eval.evaluate_task(
+                model, params, name, "validation", feature_lengths, batch_size, max_examples
+            )
+            for name in task_names
+        }
+    predict_fn = evaluation.make_predict_fn(
+        model, feature_lengths["targets"], decoding.DecodeConfig()
+    )
+    return {
+        name: evaluation.evaluate_task(
+            predict_fn, params, name, "validation", feature_lengths, batch_size, max_examples
+        )[0]
+        for name in task_names
+    }
 
 
 class BestCheckpoints:
@@ -472,8 +587,9 @@ class BestCheckpoints:
         if storage.exists(record):
             self.best = json.loads(storage.read_text(record))
 
-    def update(self, step: int, params, cfg,
-               task_metrics: Mapping[str, Mapping[str, float]]) -> None:
+    def update(
+        self, step: int, params, cfg, task_metrics: Mapping[str, Mapping[str, float]]
+    ) -> None:
         changed = False
         for name, values in task_metrics.items():
             if not values:
@@ -483,12 +599,12 @@ class BestCheckpoints:
                 continue
             # One step kept per task: orbax drops the previous best once the new one is written.
             params_io.save_params(os.path.join(self.directory, name), params, cfg, step, keep=1)
-            self.best[name] = {"step": step, "metric": key, "value": value,
-                               "metrics": dict(values)}
+            self.best[name] = {"step": step, "metric": key, "value": value, "metrics": dict(values)}
             changed = True
         if changed and jax.process_index() == 0:
-            storage.write_text(os.path.join(self.directory, "best.json"),
-                               json.dumps(self.best, indent=2))
+            storage.write_text(
+                os.path.join(self.directory, "best.json"), json.dumps(self.best, indent=2)
+            )
 
 
 def _log(message: str) -> None:
@@ -502,8 +618,11 @@ def _log(message: str) -> None:
 def _start_trace(model_dir: str) -> str:
     """Start a jax.profiler trace; where it is written (the profiler writes local files only, so
     a remote MODEL_DIR gets it copied in by `_stop_trace`)."""
-    trace_dir = (tempfile.mkdtemp(prefix="t5x_like_trace-") if storage.is_remote(model_dir)
-                 else os.path.join(model_dir, "tensorboard"))
+    trace_dir = (
+        tempfile.mkdtemp(prefix="t5x_like_trace-")
+        if storage.is_remote(model_dir)
+        else os.path.join(model_dir, "tensorboard")
+    )
     jax.profiler.start_trace(trace_dir)
     return trace_dir
 
@@ -525,8 +644,10 @@ def _profile_window(profile_steps: str | None) -> tuple[int, int] | None:
     except ValueError:
         start, end = -1, -1
     if not 0 <= start < end:
-        raise errors.ConfigError(f"--profile_steps={profile_steps!r}: give START:END with "
-                                     "0 <= START < END, e.g. --profile_steps=10:15.")
+        raise errors.ConfigError(
+            f"--profile_steps={profile_steps!r}: give START:END with "
+            "0 <= START < END, e.g. --profile_steps=10:15."
+        )
     return start, end
 
 
@@ -539,12 +660,15 @@ def _mean_metrics(per_step: Sequence[dict[str, np.ndarray]]) -> dict[str, float]
     return means
 
 
-def _report_health(step: int, values: Mapping[str, np.ndarray],
-                   spikes: run_health.LossSpikes, writer) -> None:
+def _report_health(
+    step: int, values: Mapping[str, np.ndarray], spikes: run_health.LossSpikes, writer
+) -> None:
     """Log a skipped non-finite step or a loss spike (TensorBoard train/loss_spike too)."""
     if values.get("nonfinite", 0):
-        _log(f"step {step:>7}  non-finite {run_health.nonfinite_description(values)}: update "
-             "skipped (train.nonfinite_policy='skip')")
+        _log(
+            f"step {step:>7}  non-finite {run_health.nonfinite_description(values)}: update "
+            "skipped (train.nonfinite_policy='skip')"
+        )
         return
     spike = spikes.check(step, float(values["loss"]))
     if spike:
@@ -552,35 +676,67 @@ def _report_health(step: int, values: Mapping[str, np.ndarray],
         writer.write_scalars(step, {"train/loss_spike": float(values["loss"])})
 
 
-def _stop_on_nonfinite(step: int, values: Mapping[str, np.ndarray], state: trainer.TrainState,
-                       save: Callable[[trainer.TrainState], None],
-                       checkpointer: trainer.Checkpointer) -> None:
+def _stop_on_nonfinite(
+    step: int,
+    values: Mapping[str, np.ndarray],
+    state: trainer.TrainState,
+    save: Callable[[trainer.TrainState], None],
+    checkpointer: trainer.Checkpointer,
+) -> None:
     """Policy 'stop': `state` is the last good one (the step kept it); save it unless that
     step is already saved (or is step 0), then stop with the reason."""
     good_step = int(state.step)
     if good_step and good_step not in checkpointer.steps():
         save(state)
     _log_saved(checkpointer.close())
-    raise errors.NonFiniteLoss(run_health.stop_message(
-        step, values, good_step or None, checkpointer.directory))
+    raise errors.NonFiniteLoss(
+        run_health.stop_message(step, values, good_step or None, checkpointer.directory)
+    )
 
 
 def _format_metrics(summary: Mapping[str, float]) -> str:
     """loss and accuracy first, then the family's own (nsp_loss, ...), rate and speed last."""
     speed = ("learning_rate", "tokens_per_s", "step_time_s", "mfu")
-    shown = ("loss", "accuracy", *sorted(k for k in summary if k not in (
-        "loss", "accuracy", "grad_norm", "param_norm", "nonpadding_tokens", "masked_tokens",
-        "examples", "nonfinite_steps", *speed)), *speed)
-    formats = {"learning_rate": "{:.2e}", "tokens_per_s": "{:,.0f}", "step_time_s": "{:.3f}",
-               "mfu": "{:.1%}"}
+    shown = (
+        "loss",
+        "accuracy",
+        *sorted(
+            k
+            for k in summary
+            if k
+            not in (
+                "loss",
+                "accuracy",
+                "grad_norm",
+                "param_norm",
+                "nonpadding_tokens",
+                "masked_tokens",
+                "examples",
+                "nonfinite_steps",
+                *speed,
+            )
+        ),
+        *speed,
+    )
+    formats = {
+        "learning_rate": "{:.2e}",
+        "tokens_per_s": "{:,.0f}",
+        "step_time_s": "{:.3f}",
+        "mfu": "{:.1%}",
+    }
     labels = {"tokens_per_s": "tokens/s", "step_time_s": "step_s"}
-    return "  ".join(f"{labels.get(key, key)} {formats.get(key, '{:.4f}').format(summary[key])}"
-                     for key in shown if key in summary)
+    return "  ".join(
+        f"{labels.get(key, key)} {formats.get(key, '{:.4f}').format(summary[key])}"
+        for key in shown
+        if key in summary
+    )
 
 
-def _phase_plan(phases: Sequence[tuple[float, Mapping[str, int]]] | None,
-                task_feature_lengths: Mapping[str, int],
-                train_steps: int) -> list[tuple[int, dict[str, int]]]:
+def _phase_plan(
+    phases: Sequence[tuple[float, Mapping[str, int]]] | None,
+    task_feature_lengths: Mapping[str, int],
+    train_steps: int,
+) -> list[tuple[int, dict[str, int]]]:
     """[(last step of the phase (exclusive), task_feature_lengths)], checked."""
     if not phases:
         return [(train_steps, dict(task_feature_lengths))]
@@ -588,12 +744,12 @@ def _phase_plan(phases: Sequence[tuple[float, Mapping[str, int]]] | None,
     for fraction, lengths in phases:
         if not previous < float(fraction) <= 1.0:
             raise errors.ConfigError(
-                f"train.phases: the end fractions must increase within (0, 1], got {phases}.")
+                f"train.phases: the end fractions must increase within (0, 1], got {phases}."
+            )
         plan.append((int(round(float(fraction) * train_steps)), dict(lengths)))
         previous = float(fraction)
     if previous != 1.0:
-        raise errors.ConfigError(f"train.phases: the last phase must end at 1.0, got "
-                                     f"{previous}.")
+        raise errors.ConfigError(f"train.phases: the last phase must end at 1.0, got {previous}.")
     return plan
 
 
@@ -616,20 +772,39 @@ def _phase_at(plan: Sequence[tuple[int, Mapping[str, int]]], step: int) -> int:
     return next((i for i, (end, _) in enumerate(plan) if step < end), len(plan) - 1)
 
 
-def load_eval_batches(task: str, feature_lengths: Mapping[str, int], batch_size: int,
-                      num_batches: int, pack: bool,
-                      model: Model | None = None) -> list[dict[str, np.ndarray]]:
+def load_eval_batches(
+    task: str,
+    feature_lengths: Mapping[str, int],
+    batch_size: int,
+    num_batches: int,
+    pack: bool,
+    model: Model | None = None,
+) -> list[dict[str, np.ndarray]]:
     """The first `num_batches` validation batches, read once and reused at every evaluation
     (a fixed set, so evaluations are comparable); empty if the task has no validation split."""
     if "validation" not in input_pipeline.resolve_task(task).splits:
         return []
-    ds = input_pipeline.get_dataset(task, feature_lengths, batch_size, "validation",
-                                    shuffle=False, seed=0, num_epochs=1, pack=pack, model=model)
+    ds = input_pipeline.get_dataset(
+        task,
+        feature_lengths,
+        batch_size,
+        "validation",
+        shuffle=False,
+        seed=0,
+        num_epochs=1,
+        pack=pack,
+        model=model,
+    )
     return list(ds.take(num_batches).as_numpy_iterator())
 
 
-def evaluate(eval_step, params, batches: Sequence[dict[str, np.ndarray]],
-             layout: trainer.Layout, model: Model) -> dict[str, float]:
+def evaluate(
+    eval_step,
+    params,
+    batches: Sequence[dict[str, np.ndarray]],
+    layout: trainer.Layout,
+    model: Model,
+) -> dict[str, float]:
     """The model's metrics (loss, accuracy, ...) over all of `batches` together."""
     totals: dict[str, float] = {}
     for batch in batches:
@@ -641,8 +816,9 @@ def evaluate(eval_step, params, batches: Sequence[dict[str, np.ndarray]],
     return {k: float(v) for k, v in model.metrics(totals).items()}
 
 
-def show_predictions(model: Model, params, task: str, feature_lengths: Mapping[str, int],
-                     count: int) -> None:
+def show_predictions(
+    model: Model, params, task: str, feature_lengths: Mapping[str, int], count: int
+) -> None:
     """Print validation inputs with the model's greedy output beside the true targets (tasks
     with inputs only: a plain language-modelling task has nothing to continue from)."""
     task_obj = input_pipeline.resolve_task(task)
@@ -654,8 +830,9 @@ def show_predictions(model: Model, params, task: str, feature_lengths: Mapping[s
         return
     vocab = task_obj.output_features["targets"].vocabulary
     predict_fn = evaluation.make_predict_fn(model, feature_lengths["targets"])
-    predictions = evaluation.predict(predict_fn, params, examples, vocab, len(examples),
-                                     feature_lengths["inputs"])
+    predictions = evaluation.predict(
+        predict_fn, params, examples, vocab, len(examples), feature_lengths["inputs"]
+    )
     print("\nPredictions on validation examples (greedy decoding):")
     for i, (example, prediction) in enumerate(zip(examples, predictions)):
         print(f"\n[{i}] input:     {_shorten(prediction.inputs)}")
@@ -680,7 +857,10 @@ def _shorten(text: str, limit: int = 300) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """`--profile_steps=START:END` is short for `--gin.train.profile_steps='START:END'`."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    argv = [f"--gin.train.profile_steps='{a.split('=', 1)[1]}'"
-            if a.startswith("--profile_steps=") else a for a in argv]
+    argv = [
+        f"--gin.train.profile_steps='{a.split('=', 1)[1]}'"
+        if a.startswith("--profile_steps=")
+        else a
+        for a in argv
+    ]
     return cli.run(train, argv, __doc__.split("\n\n")[0])
-

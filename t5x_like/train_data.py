@@ -46,8 +46,9 @@ class DataOrder:
         return dataclasses.asdict(self)
 
 
-def resolve_data_shards(data_shards: int | None, batch_size: int, process_count: int,
-                        saved: DataOrder | None = None) -> int:
+def resolve_data_shards(
+    data_shards: int | None, batch_size: int, process_count: int, saved: DataOrder | None = None
+) -> int:
     """The number of data shards: the checkpoint's on resume (the stream must not change),
     else the configured one, else one per process; checked against batch size and hosts."""
     if saved is not None:
@@ -55,20 +56,27 @@ def resolve_data_shards(data_shards: int | None, batch_size: int, process_count:
             raise ConfigError(
                 f"train.data_shards={data_shards}, but the run being resumed reads its data in "
                 f"{saved.data_shards} shards; a different count would change which examples "
-                f"it sees. Drop the binding (or set it to {saved.data_shards}).")
+                f"it sees. Drop the binding (or set it to {saved.data_shards})."
+            )
         data_shards = saved.data_shards
     data_shards = process_count if data_shards is None else int(data_shards)
     if data_shards < 1 or batch_size % data_shards:
-        raise ConfigError(f"train.data_shards={data_shards} must be >= 1 and divide "
-                          f"train.batch_size={batch_size} (each shard fills an equal block of "
-                          "rows of every batch).")
+        raise ConfigError(
+            f"train.data_shards={data_shards} must be >= 1 and divide "
+            f"train.batch_size={batch_size} (each shard fills an equal block of "
+            "rows of every batch)."
+        )
     if data_shards % process_count:
         raise ConfigError(
             f"This run reads its data in {data_shards} shards, which {process_count} processes "
             f"cannot split evenly. Run on a number of hosts that divides {data_shards}"
-            + (" (the count is fixed when a run starts: set train.data_shards to a multiple of "
-               "every host count you may use)." if saved is not None else
-               ", or set train.data_shards to a multiple of the process count."))
+            + (
+                " (the count is fixed when a run starts: set train.data_shards to a multiple of "
+                "every host count you may use)."
+                if saved is not None
+                else ", or set train.data_shards to a multiple of the process count."
+            )
+        )
     return data_shards
 
 
@@ -83,26 +91,49 @@ def _concat_rows(*parts: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     return {k: tf.concat([p[k] for p in parts], axis=0) for k in parts[0]}
 
 
-def _shard_datasets(order: DataOrder, feature_lengths: Mapping[str, int], pack: bool, model,
-                    process_index: int | None,
-                    process_count: int | None) -> dict[int, tf.data.Dataset]:
+def _shard_datasets(
+    order: DataOrder,
+    feature_lengths: Mapping[str, int],
+    pack: bool,
+    model,
+    process_index: int | None,
+    process_count: int | None,
+) -> dict[int, tf.data.Dataset]:
     """{shard index: its endless stream of batches of B / S rows} for this process's shards."""
     process_index = jax.process_index() if process_index is None else process_index
     process_count = jax.process_count() if process_count is None else process_count
     rows_per_shard = order.batch_size // order.data_shards
-    return {j: input_pipeline.get_dataset(
-                order.task, feature_lengths, rows_per_shard, "train", shuffle=True,
-                seed=order.seed, num_epochs=None, pack=pack, model=model,
-                shard_info=seqio.ShardInfo(index=j, num_shards=order.data_shards))
-            for j in shards_of_process(order.data_shards, process_index, process_count)}
+    return {
+        j: input_pipeline.get_dataset(
+            order.task,
+            feature_lengths,
+            rows_per_shard,
+            "train",
+            shuffle=True,
+            seed=order.seed,
+            num_epochs=None,
+            pack=pack,
+            model=model,
+            shard_info=seqio.ShardInfo(index=j, num_shards=order.data_shards),
+        )
+        for j in shards_of_process(order.data_shards, process_index, process_count)
+    }
 
 
-def host_dataset(order: DataOrder, feature_lengths: Mapping[str, int], *, start_batch: int = 0,
-                 pack: bool = True, model=None, process_index: int | None = None,
-                 process_count: int | None = None) -> tf.data.Dataset:
+def host_dataset(
+    order: DataOrder,
+    feature_lengths: Mapping[str, int],
+    *,
+    start_batch: int = 0,
+    pack: bool = True,
+    model=None,
+    process_index: int | None = None,
+    process_count: int | None = None,
+) -> tf.data.Dataset:
     """This process's rows of global batches start_batch, start_batch + 1, ... (endless)."""
-    shards = list(_shard_datasets(order, feature_lengths, pack, model, process_index,
-                                  process_count).values())
+    shards = list(
+        _shard_datasets(order, feature_lengths, pack, model, process_index, process_count).values()
+    )
     ds = shards[0] if len(shards) == 1 else tf.data.Dataset.zip(tuple(shards)).map(_concat_rows)
     return ds.skip(start_batch) if start_batch else ds
 
@@ -131,22 +162,38 @@ class HostBatches(Iterator[dict[str, np.ndarray]]):
     starts by skipping (`how_started` says which, and why).
     """
 
-    def __init__(self, order: DataOrder, feature_lengths: Mapping[str, int], *,
-                 start_batch: int = 0, pack: bool = True, model=None,
-                 restore_from: str | None = None, process_index: int | None = None,
-                 process_count: int | None = None) -> None:
+    def __init__(
+        self,
+        order: DataOrder,
+        feature_lengths: Mapping[str, int],
+        *,
+        start_batch: int = 0,
+        pack: bool = True,
+        model=None,
+        restore_from: str | None = None,
+        process_index: int | None = None,
+        process_count: int | None = None,
+    ) -> None:
         self.position = start_batch
-        self._describe = {"order": order.to_json(), "feature_lengths": dict(feature_lengths),
-                          "pack": pack}
-        datasets = _shard_datasets(order, feature_lengths, pack, model, process_index,
-                                   process_count)
-        why_not = (self._restore(datasets, restore_from) if restore_from and start_batch
-                   else "nothing to restore")
+        self._describe = {
+            "order": order.to_json(),
+            "feature_lengths": dict(feature_lengths),
+            "pack": pack,
+        }
+        datasets = _shard_datasets(
+            order, feature_lengths, pack, model, process_index, process_count
+        )
+        why_not = (
+            self._restore(datasets, restore_from)
+            if restore_from and start_batch
+            else "nothing to restore"
+        )
         if why_not is None:
             self.how_started = f"restored from {restore_from}"
         else:
-            self._iterators = {j: iter(ds.skip(start_batch) if start_batch else ds)
-                               for j, ds in datasets.items()}
+            self._iterators = {
+                j: iter(ds.skip(start_batch) if start_batch else ds) for j, ds in datasets.items()
+            }
             self.how_started = f"skipped {start_batch} batches ({why_not})"
 
     def _descriptor(self) -> dict:
@@ -161,12 +208,14 @@ class HostBatches(Iterator[dict[str, np.ndarray]]):
                 return f"no saved position of data shard {j} in {directory}"
             saved = json.loads(storage.read_text(descriptor_path))
             if saved != self._descriptor():
-                return (f"the position saved in {descriptor_path} is of another stream or "
-                        f"step: {saved}")
+                return (
+                    f"the position saved in {descriptor_path} is of another stream or step: {saved}"
+                )
             iterators[j] = iter(ds)
             try:
                 tf.train.Checkpoint(iterator=iterators[j]).read(
-                    os.path.join(directory, f"shard_{j}")).assert_consumed()
+                    os.path.join(directory, f"shard_{j}")
+                ).assert_consumed()
             except (tf.errors.OpError, AssertionError, ValueError) as e:
                 return f"restoring data shard {j} failed: {type(e).__name__}: {str(e)[:300]}"
         self._iterators = iterators
@@ -175,8 +224,11 @@ class HostBatches(Iterator[dict[str, np.ndarray]]):
     def __next__(self) -> dict[str, np.ndarray]:
         parts = [{k: v.numpy() for k, v in next(it).items()} for it in self._iterators.values()]
         self.position += 1
-        return parts[0] if len(parts) == 1 else {
-            k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        return (
+            parts[0]
+            if len(parts) == 1
+            else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        )
 
     def save(self, directory: str) -> str | None:
         """Save each shard's iterator and position under `directory`; None, or why not (a
@@ -187,8 +239,7 @@ class HostBatches(Iterator[dict[str, np.ndarray]]):
                 descriptor_path = os.path.join(directory, f"shard_{j}.json")
                 if storage.exists(descriptor_path):
                     storage.remove(descriptor_path)
-                tf.train.Checkpoint(iterator=iterator).write(
-                    os.path.join(directory, f"shard_{j}"))
+                tf.train.Checkpoint(iterator=iterator).write(os.path.join(directory, f"shard_{j}"))
                 storage.write_text(descriptor_path, json.dumps(self._descriptor()))
         except (tf.errors.OpError, ValueError, OSError) as e:
             return f"{type(e).__name__}: {str(e)[:300]}"

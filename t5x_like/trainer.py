@@ -26,8 +26,8 @@ import orbax.checkpoint as ocp
 from jax.sharding import Mesh
 
 from t5x_like import optimizers, partitioning, storage
-from t5x_like.errors import CheckpointUnreadable, CheckpointWriteFailed, ConfigError
 from t5x_like.checkpoints import params_io
+from t5x_like.errors import CheckpointUnreadable, CheckpointWriteFailed, ConfigError
 from t5x_like.models import base
 from t5x_like.models.base import Model
 from t5x_like.models.encoder_decoder import unbox
@@ -72,8 +72,9 @@ class Layout:
             yield
 
 
-def make_layout(model: Model, optimizer: optax.GradientTransformation,
-                mesh: Mesh, rules: partitioning.Rules) -> Layout:
+def make_layout(
+    model: Model, optimizer: optax.GradientTransformation, mesh: Mesh, rules: partitioning.Rules
+) -> Layout:
     """Shardings of the whole train state, from abstract shapes only (nothing allocated)."""
     boxed = model.abstract_params()
     param_shardings = partitioning.param_shardings(boxed, mesh, rules)
@@ -84,19 +85,24 @@ def make_layout(model: Model, optimizer: optax.GradientTransformation,
     return Layout(mesh, tuple(rules), shardings, boxed)
 
 
-def abstract_state(model: Model, optimizer: optax.GradientTransformation,
-                   layout: Layout) -> TrainState:
+def abstract_state(
+    model: Model, optimizer: optax.GradientTransformation, layout: Layout
+) -> TrainState:
     """ShapeDtypeStructs of the train state, carrying their shardings."""
     params = unbox(layout.boxed_params)
-    state = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params,
-                       jax.eval_shape(optimizer.init, params))
+    state = TrainState(
+        jax.ShapeDtypeStruct((), jnp.int32), params, jax.eval_shape(optimizer.init, params)
+    )
     return jax.tree_util.tree_map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
-        layout.state_shardings)
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        state,
+        layout.state_shardings,
+    )
 
 
-def init_state(model: Model, optimizer: optax.GradientTransformation,
-               rng: jax.Array, layout: Layout) -> TrainState:
+def init_state(
+    model: Model, optimizer: optax.GradientTransformation, rng: jax.Array, layout: Layout
+) -> TrainState:
     """Fresh parameters and optimizer state, each created directly on its shards."""
 
     def init(rng):
@@ -107,8 +113,9 @@ def init_state(model: Model, optimizer: optax.GradientTransformation,
         return jax.jit(init, out_shardings=layout.state_shardings)(rng)
 
 
-def state_from_params(params: Any, optimizer: optax.GradientTransformation,
-                      layout: Layout) -> TrainState:
+def state_from_params(
+    params: Any, optimizer: optax.GradientTransformation, layout: Layout
+) -> TrainState:
     """Step 0 with given (e.g. pretrained) parameters and a fresh optimizer state, sharded."""
 
     def init(params):
@@ -132,15 +139,19 @@ def _split_microbatches(batch: Batch, num_microbatches: int) -> Batch:
 NONFINITE_POLICIES = ("stop", "skip", "none")
 
 
-def make_train_step(model: Model, optimizer: optax.GradientTransformation,
-                    learning_rate_fn: optax.Schedule, layout: Layout,
-                    num_microbatches: int = 1, nonfinite_policy: str = "stop",
-                    inject_nonfinite_at_steps: tuple[int, ...] = ()
-                    ) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, Metrics]]:
-    """Jitted step with explicit shardings. Gradients of the summed loss are accumulated over
-    `num_microbatches` and normalised once by the whole batch's normaliser, so accumulation
-    equals the full-batch step. The dropout rng is folded with the step (and micro-batch), so a
-    resumed run draws the same masks.
+def make_train_step(
+    model: Model,
+    optimizer: optax.GradientTransformation,
+    learning_rate_fn: optax.Schedule,
+    layout: Layout,
+    num_microbatches: int = 1,
+    nonfinite_policy: str = "stop",
+    inject_nonfinite_at_steps: tuple[int, ...] = (),
+) -> jax.stages.Wrapped:
+    """Jitted step with explicit shardings: (state, batch, rng) -> (state, metrics). Gradients
+    of the summed loss are accumulated over `num_microbatches` and normalised once by the whole
+    batch's normaliser, so accumulation equals the full-batch step. The dropout rng is folded
+    with the step (and micro-batch), so a resumed run draws the same masks.
 
     Non-finite guard: when the loss or the gradient norm is NaN/Inf the step keeps the old
     parameters and optimizer state (metric `nonfinite` = 1). Under "skip" the step counter
@@ -150,8 +161,10 @@ def make_train_step(model: Model, optimizer: optax.GradientTransformation,
     the steps (numbered as logged, 1 = the first update) whose gradients and loss become NaN.
     """
     if nonfinite_policy not in NONFINITE_POLICIES:
-        raise ConfigError(f"train.nonfinite_policy={nonfinite_policy!r}: choose one of "
-                          f"{', '.join(NONFINITE_POLICIES)}.")
+        raise ConfigError(
+            f"train.nonfinite_policy={nonfinite_policy!r}: choose one of "
+            f"{', '.join(NONFINITE_POLICIES)}."
+        )
 
     def grads_and_sums(params, batch, rng):
         # Divisors from the whole batch, so each micro-batch's gradient is already its share
@@ -176,15 +189,20 @@ def make_train_step(model: Model, optimizer: optax.GradientTransformation,
             grads, sums = carry
             mb, index = inputs
             g, s = grad_fn(params, mb, jax.random.fold_in(rng, index))
-            return (jax.tree_util.tree_map(jnp.add, grads, g),
-                    jax.tree_util.tree_map(jnp.add, sums, s)), None
+            return (
+                jax.tree_util.tree_map(jnp.add, grads, g),
+                jax.tree_util.tree_map(jnp.add, sums, s),
+            ), None
 
         zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
         first = jax.tree_util.tree_map(lambda x: x[0], micro)
-        zero_sums = jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype),
-                                           jax.eval_shape(model.loss_sums, params, first, rng))
-        (grads, sums), _ = jax.lax.scan(accumulate, (zeros, zero_sums),
-                                        (micro, jnp.arange(num_microbatches)))
+        zero_sums = jax.tree_util.tree_map(
+            lambda x: jnp.zeros(x.shape, x.dtype),
+            jax.eval_shape(model.loss_sums, params, first, rng),
+        )
+        (grads, sums), _ = jax.lax.scan(
+            accumulate, (zeros, zero_sums), (micro, jnp.arange(num_microbatches))
+        )
         return grads, sums
 
     def train_step(state: TrainState, batch: Batch, rng: jax.Array):
@@ -192,8 +210,9 @@ def make_train_step(model: Model, optimizer: optax.GradientTransformation,
         grads, sums = grads_and_sums(state.params, batch, dropout_rng)
         metrics = model.metrics(sums)
         if inject_nonfinite_at_steps:
-            fault = jnp.where(jnp.isin(state.step + 1, jnp.asarray(inject_nonfinite_at_steps)),
-                              jnp.nan, 1.0)
+            fault = jnp.where(
+                jnp.isin(state.step + 1, jnp.asarray(inject_nonfinite_at_steps)), jnp.nan, 1.0
+            )
             grads = jax.tree_util.tree_map(lambda g: g * fault.astype(g.dtype), grads)
             metrics["loss"] = metrics["loss"] * fault
         grad_norm = optimizers.global_norm(grads)
@@ -207,25 +226,30 @@ def make_train_step(model: Model, optimizer: optax.GradientTransformation,
             opt_state = jax.tree_util.tree_map(keep_old, opt_state, state.opt_state)
             if nonfinite_policy == "stop":
                 step = jnp.where(finite, step, state.step)
-        metrics = {**metrics,
-                   "learning_rate": learning_rate_fn(state.step),
-                   "grad_norm": grad_norm,
-                   "param_norm": optimizers.global_norm(params),
-                   "nonfinite": (~finite).astype(jnp.int32)}
+        metrics = {
+            **metrics,
+            "learning_rate": learning_rate_fn(state.step),
+            "grad_norm": grad_norm,
+            "param_norm": optimizers.global_norm(params),
+            "nonfinite": (~finite).astype(jnp.int32),
+        }
         return TrainState(step, params, opt_state), metrics
 
     return jax.jit(
         train_step,
         in_shardings=(layout.state_shardings, layout.batch_sharding, layout.replicated),
         out_shardings=(layout.state_shardings, layout.replicated),
-        donate_argnums=(0,))
+        donate_argnums=(0,),
+    )
 
 
 def make_eval_step(model: Model, layout: Layout) -> Callable[[Any, Batch], Metrics]:
     """Jitted metric sums for one batch (summed over batches, divided at the end)."""
-    return jax.jit(model.loss_sums,
-                   in_shardings=(layout.state_shardings.params, layout.batch_sharding),
-                   out_shardings=layout.replicated)
+    return jax.jit(
+        model.loss_sums,
+        in_shardings=(layout.state_shardings.params, layout.batch_sharding),
+        out_shardings=layout.replicated,
+    )
 
 
 def _size(n: int | None) -> str:
@@ -254,7 +278,8 @@ class Checkpointer:
     CRC-32s, written into it just before orbax commits it, so no committed step lacks one. (A
     step without one newer than the newest step with one, as older versions of this code could
     leave, is reported in `unverified_saves` and removed like an interrupted save; the run
-    resumes from the newest verified step, and the same batches follow.) A restore checks every file against the manifest first, so a
+    resumes from the newest verified step, and the same batches follow.) A restore checks every
+    file against the manifest first, so a
     truncated, missing or altered file is named before any array is read, and a damaged step
     is never trained on.
 
@@ -271,16 +296,20 @@ class Checkpointer:
         self.directory = os.path.join(storage.resolve(model_dir), "checkpoints")
         # Seen before orbax removes them (cleanup_tmp_directories).
         self.interrupted_saves = sorted(
-            name.rstrip("/") for name in storage.listdir(self.directory)
-            if self._TMP_MARKER in name)
+            name.rstrip("/") for name in storage.listdir(self.directory) if self._TMP_MARKER in name
+        )
         self.keep = keep
         self._saving: int | None = None  # the step whose save is in flight (or was last)
         self._in_flight: int | None = None  # ... until it is waited for
         self._manifest_error: BaseException | None = None
         self.manager = params_io.orbax_manager(
-            self.directory, max_to_keep=None, create=True, enable_async_checkpointing=True,
+            self.directory,
+            max_to_keep=None,
+            create=True,
+            enable_async_checkpointing=True,
             cleanup_tmp_directories=True,
-            async_options=ocp.AsyncOptions(post_finalization_callback=self._write_manifest))
+            async_options=ocp.AsyncOptions(post_finalization_callback=self._write_manifest),
+        )
         self._checked: set[int] = set()  # steps verified against their manifest
         self.unverified_saves = self._remove_unverified_steps()
 
@@ -314,11 +343,16 @@ class Checkpointer:
         step = int(state.step)
         self._saving = self._in_flight = step
         try:
-            self.manager.save(step, force=True, args=ocp.args.Composite(
-                params=ocp.args.StandardSave(state.params),
-                opt_state=ocp.args.StandardSave(state.opt_state),
-                config=ocp.args.JsonSave(config.to_json()),
-                run=ocp.args.JsonSave(dict(record or {}))))
+            self.manager.save(
+                step,
+                force=True,
+                args=ocp.args.Composite(
+                    params=ocp.args.StandardSave(state.params),
+                    opt_state=ocp.args.StandardSave(state.opt_state),
+                    config=ocp.args.JsonSave(config.to_json()),
+                    run=ocp.args.JsonSave(dict(record or {})),
+                ),
+            )
         except Exception as e:  # noqa: BLE001 - orbax/tensorstore fail in many ways
             self._write_failed(step, e)
         return finished
@@ -333,18 +367,26 @@ class Checkpointer:
         try:
             if step is not None and jax.process_index() == 0:
                 step_dir = self._uncommitted_dir(step)
-                digests = {name: entry for name, entry in storage.file_digests(step_dir).items()
-                           if os.path.basename(name) not in self._REWRITTEN_AT_COMMIT}
-                storage.write_text(os.path.join(step_dir, self.MANIFEST),
-                                   json.dumps({"step": step, "files": digests}))
+                digests = {
+                    name: entry
+                    for name, entry in storage.file_digests(step_dir).items()
+                    if os.path.basename(name) not in self._REWRITTEN_AT_COMMIT
+                }
+                storage.write_text(
+                    os.path.join(step_dir, self.MANIFEST),
+                    json.dumps({"step": step, "files": digests}),
+                )
         except BaseException as e:  # noqa: BLE001 - reported by _finish_previous_save
             self._manifest_error = e
 
     def _uncommitted_dir(self, step: int) -> str:
         """Where orbax is writing `step` before its commit: `<step>.orbax-checkpoint-tmp-*`
         on disk, the step's own directory on a bucket (committed by a marker file)."""
-        pending = [name.rstrip("/") for name in storage.listdir(self.directory)
-                   if name.startswith(f"{step}{self._TMP_MARKER}")]
+        pending = [
+            name.rstrip("/")
+            for name in storage.listdir(self.directory)
+            if name.startswith(f"{step}{self._TMP_MARKER}")
+        ]
         return os.path.join(self.directory, pending[0]) if pending else self._step_dir(step)
 
     def _finish_previous_save(self) -> int | None:
@@ -360,7 +402,8 @@ class Checkpointer:
             raise CheckpointUnreadable(
                 f"The checkpoint of step {self._saving} was written but its manifest could "
                 f"not be ({type(error).__name__}: {error}); the step would not be trusted on "
-                f"resume. Check that {self.directory} is writable and has space.") from error
+                f"resume. Check that {self.directory} is writable and has space."
+            ) from error
         self._prune()
         return finished
 
@@ -373,26 +416,36 @@ class Checkpointer:
         needed = self._step_bytes(verified[-1]) if verified else None
         free = storage.free_bytes(self.directory)
         text = " | ".join(f"{type(c).__name__}: {c}" for c in _causes(error))
-        full = (any(isinstance(c, OSError) and c.errno == errno.ENOSPC for c in _causes(error))
-                or any(sign in text for sign in _DISK_FULL_SIGNS)
-                or (free is not None and needed is not None and free < needed))
+        full = (
+            any(isinstance(c, OSError) and c.errno == errno.ENOSPC for c in _causes(error))
+            or any(sign in text for sign in _DISK_FULL_SIGNS)
+            or (free is not None and needed is not None and free < needed)
+        )
         if full:
-            why = (f"the disk is full ({_size(free)} free"
-                   + (f"; a checkpoint needs about {_size(needed)}" if needed else "") + ")")
+            why = (
+                f"the disk is full ({_size(free)} free"
+                + (f"; a checkpoint needs about {_size(needed)}" if needed else "")
+                + ")"
+            )
         else:
             first_line = (str(error).splitlines() or [""])[0][:300]
             why = f"{type(error).__name__}: {first_line}"
-        resume = (f"Checkpoints up to step {verified[-1]} are intact: free space (or move "
-                  "MODEL_DIR, or lower --gin.train.keep_checkpoints) and rerun the same command "
-                  f"to resume from step {verified[-1]}." if verified else
-                  "No earlier checkpoint exists: free space and rerun.")
-        raise CheckpointWriteFailed(f"Saving the checkpoint of step {step} to {self.directory} "
-                                    f"failed: {why}. {resume}") from error
+        resume = (
+            f"Checkpoints up to step {verified[-1]} are intact: free space (or move "
+            "MODEL_DIR, or lower --gin.train.keep_checkpoints) and rerun the same command "
+            f"to resume from step {verified[-1]}."
+            if verified
+            else "No earlier checkpoint exists: free space and rerun."
+        )
+        raise CheckpointWriteFailed(
+            f"Saving the checkpoint of step {step} to {self.directory} failed: {why}. {resume}"
+        ) from error
 
     def _step_bytes(self, step: int) -> int | None:
         try:
-            files = json.loads(storage.read_text(
-                os.path.join(self._step_dir(step), self.MANIFEST)))["files"]
+            files = json.loads(
+                storage.read_text(os.path.join(self._step_dir(step), self.MANIFEST))
+            )["files"]
             return sum(e["size"] if isinstance(e, dict) else int(e) for e in files.values())
         except (ValueError, KeyError, TypeError, *storage.ERRORS):
             return None
@@ -401,7 +454,7 @@ class Checkpointer:
         if not self.keep:
             return
         verified = [s for s in self.steps() if self._has_manifest(s)]
-        for step in verified[:-self.keep]:
+        for step in verified[: -self.keep]:
             self.manager.delete(step)
 
     def check_complete(self, step: int) -> None:
@@ -416,8 +469,10 @@ class Checkpointer:
             return
         try:
             listed = json.loads(storage.read_text(manifest))["files"]
-            listed = {name: entry if isinstance(entry, dict) else {"size": int(entry)}
-                      for name, entry in listed.items()}
+            listed = {
+                name: entry if isinstance(entry, dict) else {"size": int(entry)}
+                for name, entry in listed.items()
+            }
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             self._unreadable(step, manifest, f"the manifest is not readable ({e})")
         actual = storage.file_sizes(step_dir)
@@ -426,20 +481,29 @@ class Checkpointer:
             if name not in actual:
                 self._unreadable(step, path, "the file is missing")
             if actual[name] != entry["size"]:
-                self._unreadable(step, path,
-                                 f"{actual[name]:,} bytes where {entry['size']:,} were written")
+                self._unreadable(
+                    step, path, f"{actual[name]:,} bytes where {entry['size']:,} were written"
+                )
             if "crc32" in entry and storage.file_crc32(path) != entry["crc32"]:
-                self._unreadable(step, path, "its bytes differ from those written (CRC-32 "
-                                 "mismatch: the file was altered or corrupted on disk)")
+                self._unreadable(
+                    step,
+                    path,
+                    "its bytes differ from those written (CRC-32 "
+                    "mismatch: the file was altered or corrupted on disk)",
+                )
         self._checked.add(step)
 
     def _unreadable(self, step: int, path: str, why: str) -> None:
         earlier = [s for s in self.steps() if s < step]
-        hint = (f"Move {self._step_dir(step)} aside and rerun to resume "
-                f"from step {earlier[-1]}, the newest earlier checkpoint."
-                if earlier else "No earlier checkpoint is left: start a new MODEL_DIR.")
-        raise CheckpointUnreadable(f"The checkpoint of step {step} is damaged: {path}: {why}. "
-                                   + hint)
+        hint = (
+            f"Move {self._step_dir(step)} aside and rerun to resume "
+            f"from step {earlier[-1]}, the newest earlier checkpoint."
+            if earlier
+            else "No earlier checkpoint is left: start a new MODEL_DIR."
+        )
+        raise CheckpointUnreadable(
+            f"The checkpoint of step {step} is damaged: {path}: {why}. " + hint
+        )
 
     def _restore(self, step: int, **items) -> dict:
         """orbax's restore, with any failure turned into CheckpointUnreadable naming the
@@ -449,22 +513,29 @@ class Checkpointer:
             return self.manager.restore(step, args=ocp.args.Composite(**items))
         except Exception as e:  # noqa: BLE001 - tensorstore/json/orbax all fail differently
             named = re.search(r'local file "([^"]+)"', str(e))
-            path = named.group(1) if named else os.path.join(self.directory, str(step),
-                                                              "/".join(items))
+            path = (
+                named.group(1)
+                if named
+                else os.path.join(self.directory, str(step), "/".join(items))
+            )
             self._unreadable(step, path, f"{type(e).__name__}: {str(e).split(' [')[0][:300]}")
 
     def restore(self, abstract: TrainState, step: int | None = None) -> TrainState:
         """Restore onto the shardings carried by `abstract` (ShapeDtypeStructs): orbax reads
         each device's shards, whatever mesh the checkpoint was written from."""
         step = self.latest_step() if step is None else step
-        restored = self._restore(step, params=ocp.args.StandardRestore(abstract.params),
-                                 opt_state=ocp.args.StandardRestore(abstract.opt_state))
+        restored = self._restore(
+            step,
+            params=ocp.args.StandardRestore(abstract.params),
+            opt_state=ocp.args.StandardRestore(abstract.opt_state),
+        )
         return TrainState(jnp.array(step, jnp.int32), restored["params"], restored["opt_state"])
 
     def restore_config(self, step: int | None = None) -> Any:
         step = self.latest_step() if step is None else step
         return params_io.config_from_json(
-            self._restore(step, config=ocp.args.JsonRestore())["config"])
+            self._restore(step, config=ocp.args.JsonRestore())["config"]
+        )
 
     def restore_record(self, step: int) -> dict:
         """The run record saved with `step` ({} for checkpoints written before records)."""

@@ -42,9 +42,9 @@ import tensorflow as tf
 
 from t5x_like import bert_preprocessors as bp
 from t5x_like import metrics, offline_corpus
-from t5x_like.errors import ConfigError
 from t5x_like.data import task_heads, text_files
 from t5x_like.data.wordpiece import WordPieceVocabulary
+from t5x_like.errors import ConfigError
 from tasks import c4, offline
 
 
@@ -67,22 +67,34 @@ def _features(*keys: str, rank: int = 1) -> dict[str, seqio.Feature]:
     return {k: seqio.Feature(BERT_VOCABULARY, add_eos=False, rank=rank) for k in keys}
 
 
-def _register(name: str, source: seqio.DataSource, preprocessors: Sequence[Callable],
-              metric_fns: Sequence[Callable] = (), num_labels: int | None = None,
-              output_keys: Sequence[str] = ("inputs",), rank: int = 1) -> seqio.Task:
+def _register(
+    name: str,
+    source: seqio.DataSource,
+    preprocessors: Sequence[Callable],
+    metric_fns: Sequence[Callable] = (),
+    num_labels: int | None = None,
+    output_keys: Sequence[str] = ("inputs",),
+    rank: int = 1,
+) -> seqio.Task:
     if num_labels is not None:
         task_heads.register(name, num_labels)
-    return seqio.TaskRegistry.add(name, source=source, preprocessors=list(preprocessors),
-                                  output_features=_features(*output_keys, rank=rank),
-                                  metric_fns=list(metric_fns))
+    return seqio.TaskRegistry.add(
+        name,
+        source=source,
+        preprocessors=list(preprocessors),
+        output_features=_features(*output_keys, rank=rank),
+        metric_fns=list(metric_fns),
+    )
 
 
 # ------------------------------------------------------------------------------ pretraining
 @gin.configurable
-def bert_pretraining_options(documents_per_group: int | str | None = None,
-                             dupe_factor: int | None = None,
-                             random_seed: int = bp.REFERENCE_RANDOM_SEED,
-                             skip_single_sentence_chunks: bool = False) -> dict:
+def bert_pretraining_options(
+    documents_per_group: int | str | None = None,
+    dupe_factor: int | None = None,
+    random_seed: int = bp.REFERENCE_RANDOM_SEED,
+    skip_single_sentence_chunks: bool = False,
+) -> dict:
     """Options of every bert_*_pretraining task's pairs (`bert_preprocessors.pretraining_pairs`),
     read when a dataset is built. `documents_per_group` (where a NotNext B may come from):
     None is the task's default: the whole corpus for the offline corpus and for files in the
@@ -94,23 +106,30 @@ def bert_pretraining_options(documents_per_group: int | str | None = None,
     the source before the pairs are made, so a larger group would hold several copies of the
     corpus). `dupe_factor`: None masks afresh each epoch; 10 is the reference's static
     masking."""
-    return {"documents_per_group": documents_per_group, "dupe_factor": dupe_factor,
-            "random_seed": random_seed,
-            "skip_single_sentence_chunks": skip_single_sentence_chunks}
+    return {
+        "documents_per_group": documents_per_group,
+        "dupe_factor": dupe_factor,
+        "random_seed": random_seed,
+        "skip_single_sentence_chunks": skip_single_sentence_chunks,
+    }
 
 
-def _pretraining(source: seqio.DataSource, default_group: Callable[[], int | str],
-                 whole_word: bool) -> Callable:
+def _pretraining(
+    source: seqio.DataSource, default_group: Callable[[], int | str], whole_word: bool
+) -> Callable:
     def pretraining_pairs(ds: tf.data.Dataset, sequence_length: Mapping[str, int]):
         options = bert_pretraining_options()
         group = options.pop("documents_per_group") or default_group()
         if group == "all":
             group = corpus_documents(source)
         if not isinstance(group, int) or group < 1:
-            raise ConfigError(f"bert_pretraining_options.documents_per_group={group!r}: give "
-                              "a number of documents, or 'all' for the whole corpus.")
-        return bp.pretraining_pairs(BERT_VOCABULARY, group, whole_word_masking=whole_word,
-                                    **options)(ds, sequence_length)
+            raise ConfigError(
+                f"bert_pretraining_options.documents_per_group={group!r}: give "
+                "a number of documents, or 'all' for the whole corpus."
+            )
+        return bp.pretraining_pairs(
+            BERT_VOCABULARY, group, whole_word_masking=whole_word, **options
+        )(ds, sequence_length)
 
     return pretraining_pairs
 
@@ -144,15 +163,22 @@ def read_sentence_per_line(path: tf.Tensor) -> tf.data.Dataset:
         line = tf.strings.strip(line)
         ends = tf.equal(line, "")
         done = tf.logical_and(ends, tf.size(sentences) > 0)
-        following = tf.cond(ends, lambda: tf.zeros([0], tf.string),
-                            lambda: tf.concat([sentences, tf.reshape(line, [1])], 0))
+        following = tf.cond(
+            ends,
+            lambda: tf.zeros([0], tf.string),
+            lambda: tf.concat([sentences, tf.reshape(line, [1])], 0),
+        )
         emitted = tf.cond(done, lambda: sentences, lambda: tf.zeros([0], tf.string))
         return following, (emitted, done)
 
     documents = lines.scan(tf.zeros([0], tf.string), step)
     documents = documents.filter(lambda sentences, done: done)
-    return documents.map(lambda sentences, done: {
-        "sentences": sentences, "text": tf.strings.reduce_join(sentences, separator="\n")})
+    return documents.map(
+        lambda sentences, done: {
+            "sentences": sentences,
+            "text": tf.strings.reduce_join(sentences, separator="\n"),
+        }
+    )
 
 
 class _BoundFiles:
@@ -163,8 +189,10 @@ class _BoundFiles:
 
     def list_shards(self, split: str) -> Sequence[str]:
         if split not in self._split_to_filepattern:
-            raise ConfigError(f"No {split} files for {self.binding}: bind "
-                              f"{self.binding}.{split}_files='/path/*' in gin.")
+            raise ConfigError(
+                f"No {split} files for {self.binding}: bind "
+                f"{self.binding}.{split}_files='/path/*' in gin."
+            )
         return super().list_shards(split)
 
 
@@ -188,8 +216,10 @@ class ReferenceRecordSource(_BoundFiles, seqio.TFExampleDataSource):
 
 def _split_files(train_files, validation_files, binding: str) -> dict:
     if not train_files:
-        raise ConfigError(f"Bind {binding}.train_files='/path/*' (and, to evaluate, "
-                          f"{binding}.validation_files=...) in gin.")
+        raise ConfigError(
+            f"Bind {binding}.train_files='/path/*' (and, to evaluate, "
+            f"{binding}.validation_files=...) in gin."
+        )
     splits = {"train": train_files}
     if validation_files:
         splits["validation"] = validation_files
@@ -197,22 +227,26 @@ def _split_files(train_files, validation_files, binding: str) -> dict:
 
 
 @gin.configurable("bert_sentence_corpus")
-def sentence_corpus_source(train_files: str | Sequence[str] | None = None,
-                           validation_files: str | Sequence[str] | None = None
-                           ) -> SentencePerLineSource:
+def sentence_corpus_source(
+    train_files: str | Sequence[str] | None = None,
+    validation_files: str | Sequence[str] | None = None,
+) -> SentencePerLineSource:
     """Your corpus in the reference's format for the bert_sentence_corpus_* tasks."""
-    return SentencePerLineSource(_split_files(train_files, validation_files,
-                                              SentencePerLineSource.binding))
+    return SentencePerLineSource(
+        _split_files(train_files, validation_files, SentencePerLineSource.binding)
+    )
 
 
 @gin.configurable("bert_tfrecords")
-def tfrecord_source(train_files: str | Sequence[str] | None = None,
-                    validation_files: str | Sequence[str] | None = None
-                    ) -> ReferenceRecordSource:
+def tfrecord_source(
+    train_files: str | Sequence[str] | None = None,
+    validation_files: str | Sequence[str] | None = None,
+) -> ReferenceRecordSource:
     """TFRecords written by the reference's create_pretraining_data.py, for
     bert_tfrecord_pretraining."""
-    return ReferenceRecordSource(_split_files(train_files, validation_files,
-                                              ReferenceRecordSource.binding))
+    return ReferenceRecordSource(
+        _split_files(train_files, validation_files, ReferenceRecordSource.binding)
+    )
 
 
 def _streamed() -> int:
@@ -224,15 +258,24 @@ def _whole_corpus() -> str:
 
 
 for _prefix, _source, _group in (
-        ("offline", offline.OFFLINE_SOURCE, offline_documents),
-        ("c4", text_files.LazySource(c4.c4_source), _streamed),
-        ("text_corpus", text_files.LazySource(text_files.text_corpus_source), _streamed),
-        ("sentence_corpus", text_files.LazySource(sentence_corpus_source), _whole_corpus)):
+    ("offline", offline.OFFLINE_SOURCE, offline_documents),
+    ("c4", text_files.LazySource(c4.c4_source), _streamed),
+    ("text_corpus", text_files.LazySource(text_files.text_corpus_source), _streamed),
+    ("sentence_corpus", text_files.LazySource(sentence_corpus_source), _whole_corpus),
+):
     for _suffix, _wwm in (("", False), ("_wwm", True)):
-        _register(f"bert_{_prefix}_pretraining{_suffix}", _source,
-                  [_pretraining(_source, _group, _wwm)], output_keys=("inputs", "targets"))
-_register("bert_tfrecord_pretraining", text_files.LazySource(tfrecord_source),
-          [bp.from_reference_records], output_keys=("inputs", "targets"))
+        _register(
+            f"bert_{_prefix}_pretraining{_suffix}",
+            _source,
+            [_pretraining(_source, _group, _wwm)],
+            output_keys=("inputs", "targets"),
+        )
+_register(
+    "bert_tfrecord_pretraining",
+    text_files.LazySource(tfrecord_source),
+    [bp.from_reference_records],
+    output_keys=("inputs", "targets"),
+)
 
 # ------------------------------------------------------------------------------ GLUE
 GLUE_VERSION = "2.*.*"
@@ -253,29 +296,50 @@ for _b, (_keys, _labels, _metrics) in GLUE.items():
     _splits = None
     if _b == "mnli":
         _splits = ["train", "validation_matched", "validation_mismatched"]
-    _register(f"bert_glue_{_b}", seqio.TfdsDataSource(f"glue/{_b}:{GLUE_VERSION}", splits=_splits),
-              [bp.frame_pair(BERT_VOCABULARY, _keys)], _metrics, _labels)
+    _register(
+        f"bert_glue_{_b}",
+        seqio.TfdsDataSource(f"glue/{_b}:{GLUE_VERSION}", splits=_splits),
+        [bp.frame_pair(BERT_VOCABULARY, _keys)],
+        _metrics,
+        _labels,
+    )
 for _which in ("matched", "mismatched"):
-    _register(f"bert_glue_mnli_{_which}",
-              seqio.TfdsDataSource(f"glue/mnli:{GLUE_VERSION}",
-                                   splits={"validation": f"validation_{_which}"}),
-              [bp.frame_pair(BERT_VOCABULARY, GLUE["mnli"][0])], [metrics.accuracy], 3)
+    _register(
+        f"bert_glue_mnli_{_which}",
+        seqio.TfdsDataSource(
+            f"glue/mnli:{GLUE_VERSION}", splits={"validation": f"validation_{_which}"}
+        ),
+        [bp.frame_pair(BERT_VOCABULARY, GLUE["mnli"][0])],
+        [metrics.accuracy],
+        3,
+    )
 
 # ------------------------------------------------------------------------------ SQuAD, SWAG, NER
 for _version, _tfds in (("v110", "squad/v1.1:3.*.*"), ("v200", "squad/v2.0:3.*.*")):
-    _register(f"bert_squad_{_version}", seqio.TfdsDataSource(_tfds),
-              [bp.frame_squad(BERT_VOCABULARY)],
-              [metrics.squad if _version == "v110" else metrics.squad_v2])
+    _register(
+        f"bert_squad_{_version}",
+        seqio.TfdsDataSource(_tfds),
+        [bp.frame_squad(BERT_VOCABULARY)],
+        [metrics.squad if _version == "v110" else metrics.squad_v2],
+    )
 
-_register("bert_hellaswag", seqio.TfdsDataSource("hellaswag:1.*.*"),
-          [bp.frame_choices(BERT_VOCABULARY, "context", "endings")], [metrics.accuracy], 4,
-          rank=2)  # (choices, length)
+_register(
+    "bert_hellaswag",
+    seqio.TfdsDataSource("hellaswag:1.*.*"),
+    [bp.frame_choices(BERT_VOCABULARY, "context", "endings")],
+    [metrics.accuracy],
+    4,
+    rank=2,
+)  # (choices, length)
 
-CONLL2003_TAGS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC",
-                  "I-MISC")
-_register("bert_conll2003_ner", seqio.TfdsDataSource("conll2003:1.*.*"),
-          [bp.frame_tagging(BERT_VOCABULARY)], [metrics.conll_ner_f1(CONLL2003_TAGS)],
-          len(CONLL2003_TAGS))
+CONLL2003_TAGS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
+_register(
+    "bert_conll2003_ner",
+    seqio.TfdsDataSource("conll2003:1.*.*"),
+    [bp.frame_tagging(BERT_VOCABULARY)],
+    [metrics.conll_ner_f1(CONLL2003_TAGS)],
+    len(CONLL2003_TAGS),
+)
 
 
 # ------------------------------------------------------------------------------ offline
@@ -287,14 +351,14 @@ def word_order_examples(ds: tf.data.Dataset) -> tf.data.Dataset:
     their words (label 1) and half have them shuffled (label 0). Deterministic, so train and
     validation are fixed sets."""
     sentences = ds.map(lambda ex: bp.split_sentences(ex["text"])).unbatch()
-    sentences = sentences.filter(
-        lambda s: tf.size(tf.strings.split(s)) >= MIN_WORDS_FOR_ORDER)
+    sentences = sentences.filter(lambda s: tf.size(tf.strings.split(s)) >= MIN_WORDS_FOR_ORDER)
 
     def label(sentence):
         digest = tf.strings.to_hash_bucket_fast(sentence, 2**31 - 1)
         words = tf.strings.split(sentence)
         shuffled = tf.random.experimental.stateless_shuffle(
-            words, seed=tf.stack([digest, tf.constant(0, tf.int64)]))
+            words, seed=tf.stack([digest, tf.constant(0, tf.int64)])
+        )
         keep = digest % 2 == 1
         text = tf.where(keep, sentence, tf.strings.reduce_join(shuffled, separator=" "))
         return {"sentence": text, "label": tf.cast(keep, tf.int32)}
@@ -302,6 +366,10 @@ def word_order_examples(ds: tf.data.Dataset) -> tf.data.Dataset:
     return sentences.map(label, num_parallel_calls=tf.data.AUTOTUNE)
 
 
-_register("bert_offline_word_order", offline.OFFLINE_SOURCE,
-          [word_order_examples, bp.frame_pair(BERT_VOCABULARY, ("sentence",))],
-          [metrics.accuracy], 2)
+_register(
+    "bert_offline_word_order",
+    offline.OFFLINE_SOURCE,
+    [word_order_examples, bp.frame_pair(BERT_VOCABULARY, ("sentence",))],
+    [metrics.accuracy],
+    2,
+)

@@ -25,16 +25,32 @@ def _register(name, tfds_name, preprocessor, postprocess_fn, metric_fns):
     return seqio.TaskRegistry.add(
         name,
         source=seqio.TfdsDataSource(tfds_name=tfds_name),
-        preprocessors=[preprocessor, seqio.preprocessors.tokenize,
-                       seqio.CacheDatasetPlaceholder(), seqio.preprocessors.append_eos_after_trim],
+        preprocessors=[
+            preprocessor,
+            seqio.preprocessors.tokenize,
+            seqio.CacheDatasetPlaceholder(),
+            seqio.preprocessors.append_eos_after_trim,
+        ],
         output_features=pretraining.output_features(c4.c4_vocabulary()),
-        postprocess_fn=postprocess_fn, metric_fns=metric_fns)
+        postprocess_fn=postprocess_fn,
+        metric_fns=metric_fns,
+    )
 
 
-_register("squad_v010_allanswers", "squad/v1.1:3.*.*", text_to_text.squad,
-          postprocessors.answers_from_example, [metrics.squad])
-_register("cnn_dailymail_v002", "cnn_dailymail:3.*.*", text_to_text.summarize,
-          postprocessors.decode_text, [metrics.rouge])
+_register(
+    "squad_v010_allanswers",
+    "squad/v1.1:3.*.*",
+    text_to_text.squad,
+    postprocessors.answers_from_example,
+    [metrics.squad],
+)
+_register(
+    "cnn_dailymail_v002",
+    "cnn_dailymail:3.*.*",
+    text_to_text.summarize,
+    postprocessors.decode_text,
+    [metrics.rouge],
+)
 
 WMT = {
     "wmt_t2t_ende_v003": ("wmt_t2t_translate/de-en:1.0.0", "de"),
@@ -43,6 +59,10 @@ WMT = {
     "wmt16_enro_v003": ("wmt16_translate/ro-en:1.0.0", "ro"),
 }
 for _name, (_tfds, _target) in WMT.items():
-    _register(_name, _tfds, functools.partial(text_to_text.translate, source_language="en",
-                                              target_language=_target),
-              postprocessors.decode_text, [metrics.bleu])
+    _register(
+        _name,
+        _tfds,
+        functools.partial(text_to_text.translate, source_language="en", target_language=_target),
+        postprocessors.decode_text,
+        [metrics.bleu],
+    )

@@ -52,8 +52,10 @@ SUPER_GLUE: dict[str, tuple[Sequence[str], list[Callable]]] = {
 }
 # Field order where it is not alphabetical (t5.data.glue_utils.get_glue_text_preprocessor);
 # WiC's character offsets are not text.
-FEATURE_NAMES = {"multirc": ("question", "answer", "paragraph"),
-                 "wic": ("sentence1", "sentence2", "word")}
+FEATURE_NAMES = {
+    "multirc": ("question", "answer", "paragraph"),
+    "wic": ("sentence1", "sentence2", "word"),
+}
 # AX-b's sentence pairs are read as RTE's premise and hypothesis (t5.data.tasks).
 AXB_REKEY = {"premise": "sentence1", "hypothesis": "sentence2", "label": "label", "idx": "idx"}
 
@@ -63,8 +65,11 @@ def _features() -> Mapping[str, seqio.Feature]:
 
 
 def _tail() -> list:
-    return [seqio.preprocessors.tokenize, seqio.CacheDatasetPlaceholder(),
-            seqio.preprocessors.append_eos_after_trim]
+    return [
+        seqio.preprocessors.tokenize,
+        seqio.CacheDatasetPlaceholder(),
+        seqio.preprocessors.append_eos_after_trim,
+    ]
 
 
 def _classification_postprocessor(label_names: Sequence[str] | None, benchmark: str):
@@ -72,49 +77,97 @@ def _classification_postprocessor(label_names: Sequence[str] | None, benchmark: 
         return postprocessors.string_to_float
     if benchmark == "multirc":
         # t5's `multirc` groups answers by idx/question alone.
-        return functools.partial(postprocessors.grouped_class_id, label_classes=label_names,
-                                 group_keys=("idx_question",))
+        return functools.partial(
+            postprocessors.grouped_class_id, label_classes=label_names, group_keys=("idx_question",)
+        )
     return functools.partial(postprocessors.string_label_to_class_id, label_classes=label_names)
 
 
-def register_glue_like(name: str, tfds_name: str, benchmark: str,
-                       label_names: Sequence[str] | None, metric_fns: list[Callable],
-                       splits: Sequence[str] | Mapping[str, str] | None = None,
-                       key_map: Mapping[str, str] | None = None) -> seqio.Task:
+def register_glue_like(
+    name: str,
+    tfds_name: str,
+    benchmark: str,
+    label_names: Sequence[str] | None,
+    metric_fns: list[Callable],
+    splits: Sequence[str] | Mapping[str, str] | None = None,
+    key_map: Mapping[str, str] | None = None,
+) -> seqio.Task:
     """A GLUE-format task; `key_map` (new name -> TFDS name) renames features first."""
     rekey = [functools.partial(seqio.preprocessors.rekey, key_map=dict(key_map))] if key_map else []
     return seqio.TaskRegistry.add(
         name,
         source=seqio.TfdsDataSource(tfds_name=tfds_name, splits=splits),
-        preprocessors=rekey + [functools.partial(text_to_text.glue, benchmark_name=benchmark,
-                                                 label_names=label_names,
-                                                 feature_names=FEATURE_NAMES.get(benchmark))]
+        preprocessors=rekey
+        + [
+            functools.partial(
+                text_to_text.glue,
+                benchmark_name=benchmark,
+                label_names=label_names,
+                feature_names=FEATURE_NAMES.get(benchmark),
+            )
+        ]
         + _tail(),
         output_features=_features(),
         postprocess_fn=_classification_postprocessor(label_names, benchmark),
-        metric_fns=metric_fns)
+        metric_fns=metric_fns,
+    )
 
 
 # ------------------------------------------------------------------------------ GLUE
 for _b, (_labels, _metrics) in GLUE.items():
-    register_glue_like(f"glue_{_b}_v002", f"glue/{_b}:{GLUE_VERSION}", _b, _labels, _metrics,
-                       splits=(["train", "validation_matched", "validation_mismatched",
-                                "test_matched", "test_mismatched"] if _b == "mnli" else None))
+    register_glue_like(
+        f"glue_{_b}_v002",
+        f"glue/{_b}:{GLUE_VERSION}",
+        _b,
+        _labels,
+        _metrics,
+        splits=(
+            [
+                "train",
+                "validation_matched",
+                "validation_mismatched",
+                "test_matched",
+                "test_mismatched",
+            ]
+            if _b == "mnli"
+            else None
+        ),
+    )
 for _which in ("matched", "mismatched"):
-    register_glue_like(f"glue_mnli_{_which}_v002", f"glue/mnli:{GLUE_VERSION}", "mnli",
-                       GLUE["mnli"][0], [metrics.accuracy],
-                       splits={"validation": f"validation_{_which}", "test": f"test_{_which}"})
-register_glue_like("glue_ax_v002", f"glue/ax:{GLUE_VERSION}", "mnli", GLUE["mnli"][0], [],
-                   splits={"test": "test"})
+    register_glue_like(
+        f"glue_mnli_{_which}_v002",
+        f"glue/mnli:{GLUE_VERSION}",
+        "mnli",
+        GLUE["mnli"][0],
+        [metrics.accuracy],
+        splits={"validation": f"validation_{_which}", "test": f"test_{_which}"},
+    )
+register_glue_like(
+    "glue_ax_v002", f"glue/ax:{GLUE_VERSION}", "mnli", GLUE["mnli"][0], [], splits={"test": "test"}
+)
 
 # ------------------------------------------------------------------------------ SuperGLUE
 for _b, (_labels, _metrics) in SUPER_GLUE.items():
-    register_glue_like(f"super_glue_{_b}_v102", f"super_glue/{_b}:{SUPER_GLUE_VERSION}", _b,
-                       _labels, _metrics)
-register_glue_like("super_glue_axb_v102", f"super_glue/axb:{SUPER_GLUE_VERSION}", "rte",
-                   SUPER_GLUE["rte"][0], [], splits=("test",), key_map=AXB_REKEY)
-register_glue_like("super_glue_axg_v102", f"super_glue/axg:{SUPER_GLUE_VERSION}", "rte",
-                   SUPER_GLUE["rte"][0], [], splits=("test",))
+    register_glue_like(
+        f"super_glue_{_b}_v102", f"super_glue/{_b}:{SUPER_GLUE_VERSION}", _b, _labels, _metrics
+    )
+register_glue_like(
+    "super_glue_axb_v102",
+    f"super_glue/axb:{SUPER_GLUE_VERSION}",
+    "rte",
+    SUPER_GLUE["rte"][0],
+    [],
+    splits=("test",),
+    key_map=AXB_REKEY,
+)
+register_glue_like(
+    "super_glue_axg_v102",
+    f"super_glue/axg:{SUPER_GLUE_VERSION}",
+    "rte",
+    SUPER_GLUE["rte"][0],
+    [],
+    splits=("test",),
+)
 
 seqio.TaskRegistry.add(
     "super_glue_record_v102",
@@ -122,7 +175,8 @@ seqio.TaskRegistry.add(
     preprocessors=[text_to_text.record] + _tail(),
     output_features=_features(),
     postprocess_fn=postprocessors.record_answers,
-    metric_fns=[metrics.record])
+    metric_fns=[metrics.record],
+)
 
 _WSC = f"super_glue/wsc.fixed:{SUPER_GLUE_VERSION}"
 seqio.TaskRegistry.add(
@@ -130,16 +184,22 @@ seqio.TaskRegistry.add(
     source=seqio.TfdsDataSource(tfds_name=_WSC, splits=("train",)),
     preprocessors=[text_to_text.keep_true_examples, text_to_text.wsc_simple] + _tail(),
     output_features=_features(),
-    postprocess_fn=postprocessors.wsc_simple, metric_fns=[])  # training only, as in t5
+    postprocess_fn=postprocessors.wsc_simple,
+    metric_fns=[],
+)  # training only, as in t5
 seqio.TaskRegistry.add(
     "super_glue_wsc_v102_simple_eval",
     source=seqio.TfdsDataSource(tfds_name=_WSC, splits=("validation", "test")),
     preprocessors=[text_to_text.wsc_simple] + _tail(),
     output_features=_features(),
-    postprocess_fn=postprocessors.wsc_simple, metric_fns=[metrics.accuracy])
+    postprocess_fn=postprocessors.wsc_simple,
+    metric_fns=[metrics.accuracy],
+)
 seqio.TaskRegistry.add(
     "dpr_v001_simple",
     source=seqio.TfdsDataSource(tfds_name="definite_pronoun_resolution:1.1.0"),
     preprocessors=[text_to_text.definite_pronoun_resolution_simple] + _tail(),
     output_features=_features(),
-    postprocess_fn=postprocessors.decode_text, metric_fns=[metrics.accuracy])
+    postprocess_fn=postprocessors.decode_text,
+    metric_fns=[metrics.accuracy],
+)

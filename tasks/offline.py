@@ -44,8 +44,10 @@ pretraining.register_language_models("offline", OFFLINE_SOURCE, OfflineVocabular
 @seqio.map_over_dataset
 def _first_word(x):
     words = tf.strings.split(tf.strings.strip(x["text"]))
-    return {"inputs": tf.strings.join(["first word:", x["text"]], separator=" "),
-            "targets": words[0]}
+    return {
+        "inputs": tf.strings.join(["first word:", x["text"]], separator=" "),
+        "targets": words[0],
+    }
 
 
 # A small supervised text-to-text task on the same prose, for fine-tuning, evaluation and
@@ -53,10 +55,14 @@ def _first_word(x):
 seqio.TaskRegistry.add(
     "offline_first_word",
     source=OFFLINE_SOURCE,
-    preprocessors=[lambda ds: ds.filter(lambda x: tf.strings.length(tf.strings.strip(
-                       x["text"])) > 0),
-                   _first_word, seqio.preprocessors.tokenize, seqio.CacheDatasetPlaceholder(),
-                   seqio.preprocessors.append_eos_after_trim],
+    preprocessors=[
+        lambda ds: ds.filter(lambda x: tf.strings.length(tf.strings.strip(x["text"])) > 0),
+        _first_word,
+        seqio.preprocessors.tokenize,
+        seqio.CacheDatasetPlaceholder(),
+        seqio.preprocessors.append_eos_after_trim,
+    ],
     output_features=pretraining.output_features(OfflineVocabulary()),
     postprocess_fn=postprocessors.decode_text,
-    metric_fns=[metrics.accuracy])
+    metric_fns=[metrics.accuracy],
+)

@@ -12,7 +12,6 @@ C4, local-shard and offline corpora.
 from __future__ import annotations
 
 import functools
-from typing import Mapping
 
 import seqio
 
@@ -20,8 +19,7 @@ from t5x_like import objectives, preprocessors
 
 CORRUPTION_RATES = (10, 15, 25, 50)
 MEAN_SPAN_LENGTHS = (2, 3, 5, 10)
-SINGLE_RATE_OBJECTIVES = ("prefix_lm", "bert_style", "deshuffling", "mass_style",
-                          "iid_drop_tokens")
+SINGLE_RATE_OBJECTIVES = ("prefix_lm", "bert_style", "deshuffling", "mass_style", "iid_drop_tokens")
 
 
 def output_features(vocabulary: seqio.Vocabulary) -> dict[str, seqio.Feature]:
@@ -32,22 +30,32 @@ def output_features(vocabulary: seqio.Vocabulary) -> dict[str, seqio.Feature]:
     }
 
 
-def register(name: str, source: seqio.DataSource, vocabulary: seqio.Vocabulary,
-             text_key: str = "text", objective: str = "random_spans",
-             noise_density: float = 0.15, mean_noise_span_length: float = 3.0) -> seqio.Task:
+def register(
+    name: str,
+    source: seqio.DataSource,
+    vocabulary: seqio.Vocabulary,
+    text_key: str = "text",
+    objective: str = "random_spans",
+    noise_density: float = 0.15,
+    mean_noise_span_length: float = 3.0,
+) -> seqio.Task:
     """Register one objective on `source` (documents under `text_key`)."""
     objectives.check_objective(objective)
     return seqio.TaskRegistry.add(
         name,
         source=source,
         preprocessors=[
-            functools.partial(seqio.preprocessors.rekey,
-                              key_map={"inputs": None, "targets": text_key}),
+            functools.partial(
+                seqio.preprocessors.rekey, key_map={"inputs": None, "targets": text_key}
+            ),
             seqio.preprocessors.tokenize,
             seqio.CacheDatasetPlaceholder(),
-            functools.partial(objectives.unsupervised_objective, objective=objective,
-                              noise_density=noise_density,
-                              mean_noise_span_length=mean_noise_span_length),
+            functools.partial(
+                objectives.unsupervised_objective,
+                objective=objective,
+                noise_density=noise_density,
+                mean_noise_span_length=mean_noise_span_length,
+            ),
             seqio.preprocessors.append_eos_after_trim,
         ],
         output_features=output_features(vocabulary),
@@ -55,15 +63,24 @@ def register(name: str, source: seqio.DataSource, vocabulary: seqio.Vocabulary,
     )
 
 
-def register_objectives(prefix: str, source: seqio.DataSource, vocabulary: seqio.Vocabulary,
-                        text_key: str = "text") -> list[str]:
+def register_objectives(
+    prefix: str, source: seqio.DataSource, vocabulary: seqio.Vocabulary, text_key: str = "text"
+) -> list[str]:
     """Register every objective and setting of the paper's section 3.3 on one source."""
     settings = {f"{prefix}_span_corruption": ("random_spans", 0.15, 3.0)}
     settings.update({f"{prefix}_{o}": (o, 0.15, 3.0) for o in SINGLE_RATE_OBJECTIVES})
-    settings.update({f"{prefix}_iid_replace_spans_rate{r}": ("iid_replace_spans", r / 100, 3.0)
-                     for r in CORRUPTION_RATES})
-    settings.update({f"{prefix}_random_spans_mean{m}": ("random_spans", 0.15, float(m))
-                     for m in MEAN_SPAN_LENGTHS})
+    settings.update(
+        {
+            f"{prefix}_iid_replace_spans_rate{r}": ("iid_replace_spans", r / 100, 3.0)
+            for r in CORRUPTION_RATES
+        }
+    )
+    settings.update(
+        {
+            f"{prefix}_random_spans_mean{m}": ("random_spans", 0.15, float(m))
+            for m in MEAN_SPAN_LENGTHS
+        }
+    )
     for name, (objective, density, mean_span) in settings.items():
         register(name, source, vocabulary, text_key, objective, density, mean_span)
     return list(settings)
@@ -76,8 +93,9 @@ LANGUAGE_MODELS = {
 }
 
 
-def register_language_models(prefix: str, source: seqio.DataSource,
-                             vocabulary: seqio.Vocabulary, text_key: str = "text") -> list[str]:
+def register_language_models(
+    prefix: str, source: seqio.DataSource, vocabulary: seqio.Vocabulary, text_key: str = "text"
+) -> list[str]:
     """Plain language modelling on `source`, `targets` only (a decoder-only model with seqio's
     DecoderFeatureConverter predicts every token), in the T5 library's two forms:
 

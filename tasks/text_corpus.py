@@ -16,6 +16,8 @@ from t5x_like.data import text_files
 from tasks import c4, pretraining
 
 TEXT_CORPUS_TASKS = pretraining.register_objectives(
-    "text_corpus", text_files.LazySource(text_files.text_corpus_source), c4.c4_vocabulary())
+    "text_corpus", text_files.LazySource(text_files.text_corpus_source), c4.c4_vocabulary()
+)
 TEXT_CORPUS_TASKS += pretraining.register_language_models(
-    "text_corpus", text_files.LazySource(text_files.text_corpus_source), c4.c4_vocabulary())
+    "text_corpus", text_files.LazySource(text_files.text_corpus_source), c4.c4_vocabulary()
+)

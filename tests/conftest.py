@@ -13,8 +13,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Eight simulated CPU devices, set before jax is imported: sharding tests need a mesh, and every
 # other test runs on the same layouts a real multi-device host uses.
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                               " --xla_force_host_platform_device_count=8").strip()
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    ).strip()
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -27,8 +28,10 @@ def pytest_configure(config):
     run. Tests check values, never speed. The slow set, benchmarks and users run XLA's default
     level; set the flag in XLA_FLAGS yourself to choose. (Set before any backend starts: XLA
     reads its flags then, not at import.)"""
-    if (config.getoption("markexpr") == "not slow"
-            and "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]):
+    if (
+        config.getoption("markexpr") == "not slow"
+        and "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]
+    ):
         os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
 
 
@@ -66,16 +69,15 @@ def offline_cache(tmp_path_factory):
 def _tfds_loaders() -> set:
     """Every registered seqio task's TFDS loader (tasks may share one). Only TFDS sources
     are asked: some tasks' sources resolve their gin bindings on first attribute access."""
-    import seqio
-
     import sys
+
+    import seqio
 
     sources = [seqio.TaskRegistry.get(name).source for name in seqio.TaskRegistry.names()]
     c4 = sys.modules.get("tasks.c4")  # C4's TFDS source stands behind a lazy source
     if c4 is not None:
         sources.append(c4.C4_TFDS_SOURCE)
-    return {source.tfds_dataset for source in sources
-            if isinstance(source, seqio.TfdsDataSource)}
+    return {source.tfds_dataset for source in sources if isinstance(source, seqio.TfdsDataSource)}
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -28,7 +28,7 @@ class FakeMetadataServer:
                 server.requests += 1
                 server.paths.append(self.path)
                 if self.path.startswith(server.ATTRIBUTES):
-                    value = server.attributes.get(self.path[len(server.ATTRIBUTES):])
+                    value = server.attributes.get(self.path[len(server.ATTRIBUTES) :])
                     if value is None:
                         self.send_error(404, "Not Found")
                         return
@@ -56,7 +56,7 @@ class FakeMetadataServer:
         self._httpd.shutdown()
         self._httpd.server_close()
 
-    def __enter__(self) -> "FakeMetadataServer":
+    def __enter__(self) -> FakeMetadataServer:
         return self
 
     def __exit__(self, *exc) -> None:

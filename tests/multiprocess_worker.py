@@ -23,11 +23,22 @@ from t5x_like.models import t5  # noqa: E402
 from t5x_like.models.encoder_decoder import EncoderDecoderModel, shift_right  # noqa: E402
 
 if int(num_processes) > 1:
-    distributed.initialize(coordinator_address=f"localhost:{port}",
-                           num_processes=int(num_processes), process_id=int(process_id))
+    distributed.initialize(
+        coordinator_address=f"localhost:{port}",
+        num_processes=int(num_processes),
+        process_id=int(process_id),
+    )
 
-cfg = t5.T5Config(vocab_size=128, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=64,
-                  num_encoder_layers=1, num_decoder_layers=1, dropout_rate=0.0)
+cfg = t5.T5Config(
+    vocab_size=128,
+    emb_dim=32,
+    num_heads=4,
+    head_dim=8,
+    mlp_dim=64,
+    num_encoder_layers=1,
+    num_decoder_layers=1,
+    dropout_rate=0.0,
+)
 model = EncoderDecoderModel(cfg)
 lr = optimizers.inverse_sqrt_schedule(10)
 optimizer = optimizers.t5_adafactor(lr)
@@ -38,22 +49,30 @@ step = trainer.make_train_step(model, optimizer, lr, layout)
 
 rng = np.random.default_rng(0)
 losses = []
-for i in range(3):
+for _ in range(3):
     targets = rng.integers(2, 128, (8, 6)).astype(np.int32)
-    global_batch = {"encoder_input_tokens": rng.integers(2, 128, (8, 10)).astype(np.int32),
-                    "decoder_target_tokens": targets,
-                    "decoder_input_tokens": np.asarray(shift_right(targets))}
+    global_batch = {
+        "encoder_input_tokens": rng.integers(2, 128, (8, 10)).astype(np.int32),
+        "decoder_target_tokens": targets,
+        "decoder_input_tokens": np.asarray(shift_right(targets)),
+    }
     # This process's rows: those its devices hold under the batch sharding.
-    rows = sorted({idx[0].start or 0 for idx in layout.batch_sharding.addressable_devices_indices_map(
-        (8, 10)).values()})
+    rows = sorted(
+        {
+            idx[0].start or 0
+            for idx in layout.batch_sharding.addressable_devices_indices_map((8, 10)).values()
+        }
+    )
     per_device = 8 // mesh.shape["data"]
-    local = {k: np.concatenate([v[r:r + per_device] for r in rows]) for k, v in
-             global_batch.items()}
+    local = {
+        k: np.concatenate([v[r : r + per_device] for r in rows]) for k, v in global_batch.items()
+    }
     with layout.context():
         state, metrics = step(state, partitioning.global_batch(local, mesh), jax.random.key(1))
     losses.append(float(metrics["loss"]))
 
 if jax.process_index() == 0:
     with open(out, "w") as f:
-        json.dump({"losses": losses, "devices": jax.device_count(),
-                   "processes": jax.process_count()}, f)
+        json.dump(
+            {"losses": losses, "devices": jax.device_count(), "processes": jax.process_count()}, f
+        )

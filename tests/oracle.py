@@ -36,17 +36,25 @@ def run_oracle(script: str, payload: Any, timeout: float = 600) -> Any:
         raise RuntimeError(
             f"The reference code is not installed in {packages}: run `bash launch/test.sh` "
             "(it installs requirements/oracles.txt), or `pip install --no-deps --target "
-            f"{packages} -r requirements/oracles.txt`.")
+            f"{packages} -r requirements/oracles.txt`."
+        )
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(packages), str(REPO)])
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     env["CUDA_VISIBLE_DEVICES"] = ""
-    done = subprocess.run([sys.executable, str(ORACLE_SCRIPTS / f"{script}.py")],
-                          input=json.dumps(payload), capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=str(REPO))
+    done = subprocess.run(
+        [sys.executable, str(ORACLE_SCRIPTS / f"{script}.py")],
+        input=json.dumps(payload),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=str(REPO),
+    )
     if done.returncode != 0:
-        raise RuntimeError(f"oracle {script} failed (exit {done.returncode}):\n"
-                           f"{done.stderr[-6000:]}")
+        raise RuntimeError(
+            f"oracle {script} failed (exit {done.returncode}):\n{done.stderr[-6000:]}"
+        )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

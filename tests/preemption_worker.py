@@ -18,8 +18,9 @@ from t5x_like import preemption  # noqa: E402
 def main() -> None:
     process_id, port = int(sys.argv[1]), sys.argv[2]
     url = sys.argv[3] if len(sys.argv) > 3 else None
-    jax.distributed.initialize(coordinator_address=f"localhost:{port}", num_processes=2,
-                               process_id=process_id)
+    jax.distributed.initialize(
+        coordinator_address=f"localhost:{port}", num_processes=2, process_id=process_id
+    )
     watcher = preemption.PreemptionWatcher(maintenance_event_url=url, poll_seconds=0.05)
     print("ready", flush=True)
     for step in range(1, 600):

@@ -10,9 +10,14 @@ import pytest
 
 from t5x_like import convert, infer
 
-GPT_SIZE = ["--gin.GPTConfig.vocab_size=2048", "--gin.GPTConfig.max_position_embeddings=64",
-            "--gin.GPTConfig.hidden_size=16", "--gin.GPTConfig.num_layers=1",
-            "--gin.GPTConfig.num_heads=2", "--gin.GPTConfig.intermediate_size=32"]
+GPT_SIZE = [
+    "--gin.GPTConfig.vocab_size=2048",
+    "--gin.GPTConfig.max_position_embeddings=64",
+    "--gin.GPTConfig.hidden_size=16",
+    "--gin.GPTConfig.num_layers=1",
+    "--gin.GPTConfig.num_heads=2",
+    "--gin.GPTConfig.intermediate_size=32",
+]
 
 
 def _one_error_line(capsys) -> str:
@@ -58,9 +63,10 @@ def _save_sharded_bin(model, directory, shards: int) -> None:
         file = f"pytorch_model-{k + 1:05d}-of-{shards:05d}.bin"
         part = {n: state[n] for n in names[k::shards]}
         torch.save(part, directory / file)
-        weight_map.update({n: file for n in part})
-    (directory / "pytorch_model.bin.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": 0}, "weight_map": weight_map}))
+        weight_map.update(dict.fromkeys(part, file))
+    (directory / "pytorch_model.bin.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map})
+    )
 
 
 def _copy(source, destination):
@@ -74,11 +80,16 @@ def _shards(directory, suffix):
     return sorted(n for n in os.listdir(directory) if n.endswith(suffix) and "-of-" in n)
 
 
-@pytest.mark.parametrize("kind,suffix,index", [
-    ("safetensors", ".safetensors", "model.safetensors.index.json"),
-    ("bin", ".bin", "pytorch_model.bin.index.json")])
-def test_a_missing_weight_shard_is_named(sharded_checkpoints, tmp_path, capsys, kind, suffix,
-                                         index):
+@pytest.mark.parametrize(
+    "kind,suffix,index",
+    [
+        ("safetensors", ".safetensors", "model.safetensors.index.json"),
+        ("bin", ".bin", "pytorch_model.bin.index.json"),
+    ],
+)
+def test_a_missing_weight_shard_is_named(
+    sharded_checkpoints, tmp_path, capsys, kind, suffix, index
+):
     base, _ = sharded_checkpoints
     hf = _copy(base / kind, tmp_path / "hf")
     shards = _shards(hf, suffix)
@@ -102,7 +113,8 @@ def test_a_truncated_shard_is_named(sharded_checkpoints, tmp_path, capsys):
 
 
 def test_a_shard_cut_inside_its_tensor_data_is_named_before_any_shard_is_read(
-        sharded_checkpoints, tmp_path, capsys):
+    sharded_checkpoints, tmp_path, capsys
+):
     """The header (an 8-byte length, then JSON whose `data_offsets` end at the data's size:
     the safetensors format) promises more bytes than the file holds: named up front, with
     the counts, before a progress bar or a tensor."""
@@ -113,20 +125,25 @@ def test_a_shard_cut_inside_its_tensor_data_is_named_before_any_shard_is_read(
     shard = hf / _shards(hf, ".safetensors")[-1]
     whole = shard.read_bytes()
     header_bytes = int.from_bytes(whole[:8], "little")
-    data = max(e["data_offsets"][1] for k, e in json.loads(whole[8:8 + header_bytes]).items()
-               if k != "__metadata__")
+    data = max(
+        e["data_offsets"][1]
+        for k, e in json.loads(whole[8 : 8 + header_bytes]).items()
+        if k != "__metadata__"
+    )
     assert len(whole) == 8 + header_bytes + data  # the layout as the format defines it
     shard.write_bytes(whole[:-10])
     assert convert.main(["--from_hf", str(hf), "--to", str(tmp_path / "out")]) == 2
     err = _one_error_line(capsys)
-    assert (f"{shard} is not a readable safetensors file (it holds {data - 10} of the {data} "
-            "bytes of tensor data its header lists); it may be truncated: fetch it again."
-            ) in err
+    assert (
+        f"{shard} is not a readable safetensors file (it holds {data - 10} of the {data} "
+        "bytes of tensor data its header lists); it may be truncated: fetch it again."
+    ) in err
     assert not (tmp_path / "out").exists()
 
 
-def test_a_header_length_past_safetensors_limit_is_refused_unread(sharded_checkpoints,
-                                                                   tmp_path, capsys):
+def test_a_header_length_past_safetensors_limit_is_refused_unread(
+    sharded_checkpoints, tmp_path, capsys
+):
     """A damaged length (here 200 MB, above safetensors' 100 MB MAX_HEADER_SIZE) in a file
     big enough to hold it (sparse) is named, not read into memory."""
     base, _ = sharded_checkpoints
@@ -136,8 +153,10 @@ def test_a_header_length_past_safetensors_limit_is_refused_unread(sharded_checkp
         f.truncate(300_000_000)
     assert convert.main(["--from_hf", str(hf), "--to", str(tmp_path / "out")]) == 2
     err = _one_error_line(capsys)
-    assert (f"{hf / 'model.safetensors'} is not a readable safetensors file (300000000 "
-            "bytes; its header length says 200000000)") in err
+    assert (
+        f"{hf / 'model.safetensors'} is not a readable safetensors file (300000000 "
+        "bytes; its header length says 200000000)"
+    ) in err
 
 
 def test_a_shard_that_cannot_be_opened_is_named(sharded_checkpoints, tmp_path, capsys):
@@ -161,13 +180,15 @@ def test_sharded_pytorch_bin_checkpoint_imports(sharded_checkpoints):
     assert (params["decoder"]["logits_dense"]["kernel"] == expected).all()
 
 
-@pytest.mark.parametrize("text,expected", [
-    (b'{"model_type": "t5",\n  "d_model": 48,,\n}', "config.json:2: not valid JSON"),
-    (b"\x89PNG\r\n\x1a\n", "config.json is not UTF-8 text (byte 0x89 at offset 0)"),
-    (b"[1, 2]", "config.json holds a JSON list, not an object"),
-])
-def test_an_unreadable_config_json_is_named(sharded_checkpoints, tmp_path, capsys, text,
-                                            expected):
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        (b'{"model_type": "t5",\n  "d_model": 48,,\n}', "config.json:2: not valid JSON"),
+        (b"\x89PNG\r\n\x1a\n", "config.json is not UTF-8 text (byte 0x89 at offset 0)"),
+        (b"[1, 2]", "config.json holds a JSON list, not an object"),
+    ],
+)
+def test_an_unreadable_config_json_is_named(sharded_checkpoints, tmp_path, capsys, text, expected):
     base, _ = sharded_checkpoints
     hf = _copy(base / "single", tmp_path / "hf")
     (hf / "config.json").write_bytes(text)
@@ -181,12 +202,25 @@ def _infer(tmp_path, input_name: str, content: bytes, *args, gpt=False):
     """infer.main on a file of prompts; the checkpoint is never read (the input is checked
     first), so a path that does not exist stands for it."""
     (tmp_path / input_name).write_bytes(content)
-    model = (["--gin.INFER_TASK=offline_lm", "--gin.infer.model_class=@DecoderOnlyModel",
-              "--gin.infer.add_eos=False", *GPT_SIZE] if gpt
-             else ["--gin.INFER_TASK=offline_first_word"])
-    return infer.main(["--gin_file=gin_configs/runs/infer.gin",
-                       f"--gin.CHECKPOINT={tmp_path}/never_read", *model,
-                       f"--gin.infer.input_file={tmp_path / input_name}", *args])
+    model = (
+        [
+            "--gin.INFER_TASK=offline_lm",
+            "--gin.infer.model_class=@DecoderOnlyModel",
+            "--gin.infer.add_eos=False",
+            *GPT_SIZE,
+        ]
+        if gpt
+        else ["--gin.INFER_TASK=offline_first_word"]
+    )
+    return infer.main(
+        [
+            "--gin_file=gin_configs/runs/infer.gin",
+            f"--gin.CHECKPOINT={tmp_path}/never_read",
+            *model,
+            f"--gin.infer.input_file={tmp_path / input_name}",
+            *args,
+        ]
+    )
 
 
 def test_a_non_utf8_prompt_line_is_named(tmp_path, capsys):
@@ -196,11 +230,14 @@ def test_a_non_utf8_prompt_line_is_named(tmp_path, capsys):
     assert "iconv" in err
 
 
-@pytest.mark.parametrize("line,expected", [
-    (b'{"inputs": "two"', "not valid JSON (Expecting ',' delimiter at column 17)"),
-    (b'["two"]', "has no 'inputs' field"),
-    (b'{"inputs": 2}', "'inputs' is a JSON int, not a string"),
-])
+@pytest.mark.parametrize(
+    "line,expected",
+    [
+        (b'{"inputs": "two"', "not valid JSON (Expecting ',' delimiter at column 17)"),
+        (b'["two"]', "has no 'inputs' field"),
+        (b'{"inputs": 2}', "'inputs' is a JSON int, not a string"),
+    ],
+)
 def test_a_malformed_jsonl_line_is_named(tmp_path, capsys, line, expected):
     assert _infer(tmp_path, "p.jsonl", b'{"inputs": "one"}\n' + line + b"\n") == 2
     err = _one_error_line(capsys)
@@ -220,8 +257,10 @@ def test_gpt_feature_lengths_past_the_learned_positions_are_refused(tmp_path, ca
     model is restored, naming the binding and the limit (was a traceback from the model)."""
     assert _infer(tmp_path, "p.txt", b"The river\n", gpt=True) == 2
     err = _one_error_line(capsys)
-    assert ("infer.task_feature_lengths={'inputs': 512, 'targets': 114} decodes 1 + 512 + 114 "
-            "= 627 positions") in err
+    assert (
+        "infer.task_feature_lengths={'inputs': 512, 'targets': 114} decodes 1 + 512 + 114 "
+        "= 627 positions"
+    ) in err
     assert "the model has 64 learned positions (GPTConfig.max_position_embeddings)" in err
     # 'targets' cut to half of the 63 positions after the start token, the rest the prompt's
     assert "e.g. --gin.infer.task_feature_lengths=\"{'inputs': 32, 'targets': 31}\"" in err
@@ -232,9 +271,16 @@ def test_a_gpt_prompt_longer_than_its_room_is_refused_naming_the_line(tmp_path, 
     cut would continue from its middle. The error names the line and how far 'inputs' can
     go (64 - 1 - 8 = 55)."""
     long_prompt = " ".join(["river boats sail"] * 30).encode()
-    assert _infer(tmp_path, "p.txt", b"The river\n" + long_prompt + b"\n",
-                  "--gin.infer.task_feature_lengths={'inputs': 16, 'targets': 8}",
-                  gpt=True) == 2
+    assert (
+        _infer(
+            tmp_path,
+            "p.txt",
+            b"The river\n" + long_prompt + b"\n",
+            "--gin.infer.task_feature_lengths={'inputs': 16, 'targets': 8}",
+            gpt=True,
+        )
+        == 2
+    )
     err = _one_error_line(capsys)
     assert f"{tmp_path}/p.txt:2: the prompt is " in err
     assert "longer than the 16 of infer.task_feature_lengths['inputs']" in err

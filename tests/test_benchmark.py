@@ -7,12 +7,32 @@ import pytest
 
 from benchmarks import train_throughput
 
-
-TINY = ["--gin", "T5Config.vocab_size=256", "--gin", "T5Config.emb_dim=32",
-        "--gin", "T5Config.num_heads=2", "--gin", "T5Config.head_dim=16",
-        "--gin", "T5Config.mlp_dim=64", "--gin", "T5Config.num_encoder_layers=1",
-        "--gin", "T5Config.num_decoder_layers=1", "--gin", "T5Config.dropout_rate=0.0",
-        "--batch", "8", "--inputs", "32", "--targets", "16", "--steps", "2"]
+TINY = [
+    "--gin",
+    "T5Config.vocab_size=256",
+    "--gin",
+    "T5Config.emb_dim=32",
+    "--gin",
+    "T5Config.num_heads=2",
+    "--gin",
+    "T5Config.head_dim=16",
+    "--gin",
+    "T5Config.mlp_dim=64",
+    "--gin",
+    "T5Config.num_encoder_layers=1",
+    "--gin",
+    "T5Config.num_decoder_layers=1",
+    "--gin",
+    "T5Config.dropout_rate=0.0",
+    "--batch",
+    "8",
+    "--inputs",
+    "32",
+    "--targets",
+    "16",
+    "--steps",
+    "2",
+]
 
 
 def test_benchmark_reports_and_writes_json(tmp_path):
@@ -42,9 +62,14 @@ def test_paired_mfu_takes_each_step_against_its_own_rate():
 
 
 @pytest.mark.slow  # imports torch + transformers in a second process
-@pytest.mark.parametrize("family,model", [
-    ("t5", "T5ForConditionalGeneration"), ("bert", "BertForPreTraining"),
-    ("decoder_only", "GPT2LMHeadModel")])
+@pytest.mark.parametrize(
+    "family,model",
+    [
+        ("t5", "T5ForConditionalGeneration"),
+        ("bert", "BertForPreTraining"),
+        ("decoder_only", "GPT2LMHeadModel"),
+    ],
+)
 def test_huggingface_reference_column(tmp_path, capsys, family, model):
     """--compare-hf times transformers' model of the same family and dimensions, its steps
     alternating with ours: same parameter count (the same network), the same tokens per step,
@@ -66,26 +91,74 @@ def test_huggingface_reference_column(tmp_path, capsys, family, model):
     assert "speed ratio (t5x_like / HF tokens/s)" in capsys.readouterr().out
 
 
-TINY_GPT = ["--family", "decoder_only", "--gin", "GPTConfig.vocab_size=256",
-            "--gin", "GPTConfig.hidden_size=32", "--gin", "GPTConfig.num_heads=2",
-            "--gin", "GPTConfig.intermediate_size=64", "--gin", "GPTConfig.num_layers=2",
-            "--gin", "GPTConfig.max_position_embeddings=64", "--gin", "GPTConfig.dropout_rate=0.0",
-            "--gin", "GPTConfig.attention_dropout_rate=0.0",
-            "--batch", "8", "--inputs", "16", "--targets", "16", "--steps", "1"]
-TINY_BERT = ["--family", "bert", "--gin", "BertConfig.vocab_size=256",
-             "--gin", "BertConfig.hidden_size=32", "--gin", "BertConfig.num_heads=2",
-             "--gin", "BertConfig.intermediate_size=64", "--gin", "BertConfig.num_layers=2",
-             "--gin", "BertConfig.max_position_embeddings=64",
-             "--gin", "BertConfig.dropout_rate=0.0", "--gin", "BertConfig.attention_dropout_rate=0.0",
-             "--batch", "8", "--inputs", "32", "--targets", "5", "--steps", "1"]
+TINY_GPT = [
+    "--family",
+    "decoder_only",
+    "--gin",
+    "GPTConfig.vocab_size=256",
+    "--gin",
+    "GPTConfig.hidden_size=32",
+    "--gin",
+    "GPTConfig.num_heads=2",
+    "--gin",
+    "GPTConfig.intermediate_size=64",
+    "--gin",
+    "GPTConfig.num_layers=2",
+    "--gin",
+    "GPTConfig.max_position_embeddings=64",
+    "--gin",
+    "GPTConfig.dropout_rate=0.0",
+    "--gin",
+    "GPTConfig.attention_dropout_rate=0.0",
+    "--batch",
+    "8",
+    "--inputs",
+    "16",
+    "--targets",
+    "16",
+    "--steps",
+    "1",
+]
+TINY_BERT = [
+    "--family",
+    "bert",
+    "--gin",
+    "BertConfig.vocab_size=256",
+    "--gin",
+    "BertConfig.hidden_size=32",
+    "--gin",
+    "BertConfig.num_heads=2",
+    "--gin",
+    "BertConfig.intermediate_size=64",
+    "--gin",
+    "BertConfig.num_layers=2",
+    "--gin",
+    "BertConfig.max_position_embeddings=64",
+    "--gin",
+    "BertConfig.dropout_rate=0.0",
+    "--gin",
+    "BertConfig.attention_dropout_rate=0.0",
+    "--batch",
+    "8",
+    "--inputs",
+    "32",
+    "--targets",
+    "5",
+    "--steps",
+    "1",
+]
 
 
 @pytest.mark.slow  # two sharded compiles; the T5 family runs in the default suite
-@pytest.mark.parametrize("args,tokens,vocab_flops", [
-    # decoder-only: every one of the 8 x 32 positions is projected onto the vocabulary
-    (TINY_GPT, 8 * 32, 6 * 32 * 256 * 8 * 32),
-    # BERT: 32 tokens read per row, only the 5 masked positions reach the vocabulary
-    (TINY_BERT, 8 * 32, 6 * 32 * 256 * 8 * 5)])
+@pytest.mark.parametrize(
+    "args,tokens,vocab_flops",
+    [
+        # decoder-only: every one of the 8 x 32 positions is projected onto the vocabulary
+        (TINY_GPT, 8 * 32, 6 * 32 * 256 * 8 * 32),
+        # BERT: 32 tokens read per row, only the 5 masked positions reach the vocabulary
+        (TINY_BERT, 8 * 32, 6 * 32 * 256 * 8 * 5),
+    ],
+)
 def test_every_family_benchmarks(tmp_path, args, tokens, vocab_flops):
     result = train_throughput.main(args + ["--out", str(tmp_path / "bench.json")])
     assert abs(result["tokens_per_s"] * result["step_s_median"] - tokens) < 1e-6
@@ -100,8 +173,18 @@ def test_a_model_without_a_huggingface_twin_is_refused_before_compiling(capsys, 
     """A T5-style language model (relative position bias) has no transformers GPT class."""
     monkeypatch.setattr(train_throughput, "run", None)  # reaching the step would fail here
     with pytest.raises(SystemExit):
-        train_throughput.main(TINY_GPT + ["--gin", "GPTConfig.position_encoding='relative'",
-                                          "--steps", "2", "--compare-hf", "--out", "/dev/null"])
+        train_throughput.main(
+            TINY_GPT
+            + [
+                "--gin",
+                "GPTConfig.position_encoding='relative'",
+                "--steps",
+                "2",
+                "--compare-hf",
+                "--out",
+                "/dev/null",
+            ]
+        )
     assert "--compare-hf: transformers' GPT models have no equivalent" in capsys.readouterr().err
 
 
@@ -112,11 +195,28 @@ def test_decode_benchmark_matches_huggingface_generate(tmp_path):
     from benchmarks import decode_throughput
 
     out = tmp_path / "decode.json"
-    rows = decode_throughput.main(TINY_T5 + ["--batch_sizes", "1,3", "--new_tokens", "6",
-                                             "--inputs", "10", "--repeats", "1",
-                                             "--compare-hf", "--out", str(out)])
+    rows = decode_throughput.main(
+        TINY_T5
+        + [
+            "--batch_sizes",
+            "1,3",
+            "--new_tokens",
+            "6",
+            "--inputs",
+            "10",
+            "--repeats",
+            "1",
+            "--compare-hf",
+            "--out",
+            str(out),
+        ]
+    )
     assert [(r["method"], r["batch"]) for r in rows] == [
-        ("greedy", 1), ("beam", 1), ("greedy", 3), ("beam", 3)]
+        ("greedy", 1),
+        ("beam", 1),
+        ("greedy", 3),
+        ("beam", 3),
+    ]
     for r in rows:
         assert abs(r["tokens_per_s"] * r["seconds"] - r["batch"] * 6) < 1e-6
         assert r["hf_tokens_per_s"] > 0
@@ -129,8 +229,18 @@ def test_input_benchmark_counts_real_tokens(tmp_path):
     average number of non-padding positions per row, at most the row length."""
     from benchmarks import input_throughput
 
-    rows = input_throughput.main(["--pipelines", "packed_lm", "--batches", "3",
-                                  "--step_steps", "0", "--out", str(tmp_path / "in.json")])
+    rows = input_throughput.main(
+        [
+            "--pipelines",
+            "packed_lm",
+            "--batches",
+            "3",
+            "--step_steps",
+            "0",
+            "--out",
+            str(tmp_path / "in.json"),
+        ]
+    )
     (row,) = rows
     per_row = row["tokens_per_s"] / row["examples_per_s"]
     assert 0.5 * 512 < per_row <= 512
@@ -141,8 +251,18 @@ def test_resume_benchmark_restores_the_batch_skipping_reads(tmp_path):
     """(The benchmark itself checks the restored first batch equals the skipped one's.)"""
     from benchmarks import resume_input
 
-    (row,) = resume_input.main(["--pipelines", "packed_lm", "--batch", "4", "--at", "3",
-                                "--out", str(tmp_path / "resume.json")])
+    (row,) = resume_input.main(
+        [
+            "--pipelines",
+            "packed_lm",
+            "--batch",
+            "4",
+            "--at",
+            "3",
+            "--out",
+            str(tmp_path / "resume.json"),
+        ]
+    )
     assert row["resume_at_batch"] == 3 and row["state_bytes"] > 0
 
 
@@ -150,8 +270,9 @@ def test_resume_benchmark_restores_the_batch_skipping_reads(tmp_path):
 def test_input_benchmark_compares_with_the_step(tmp_path):
     from benchmarks import input_throughput
 
-    rows = input_throughput.main(["--batches", "3", "--step_steps", "1",
-                                  "--out", str(tmp_path / "in.json")])
+    rows = input_throughput.main(
+        ["--batches", "3", "--step_steps", "1", "--out", str(tmp_path / "in.json")]
+    )
     assert [r["pipeline"] for r in rows] == ["span_corruption", "bert_masking", "packed_lm"]
     for r in rows:
         assert r["headroom"] == pytest.approx(r["examples_per_s"] * r["step_s"] / r["batch"])
@@ -163,14 +284,22 @@ def test_sequence_length_sweep_keeps_tokens_and_grows_attention_share():
 
     from benchmarks import sequence_length
 
-    cfg = dataclasses.replace(train_throughput.BENCHMARK_CONFIG, vocab_size=256, emb_dim=32,
-                              num_heads=2, head_dim=16, mlp_dim=64, num_encoder_layers=1,
-                              num_decoder_layers=1)
+    cfg = dataclasses.replace(
+        train_throughput.BENCHMARK_CONFIG,
+        vocab_size=256,
+        emb_dim=32,
+        num_heads=2,
+        head_dim=16,
+        mlp_dim=64,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+    )
     rows = sequence_length.run([16, 64], 512, 1, cfg, None)
     assert [(r["batch"], r["targets"]) for r in rows] == [(32, 4), (8, 16)]
     # Scores: 4 * heads*head_dim * (L^2 + (L/4)^2 + L * L/4) per example, x3 for training.
     inner = 2 * 16
     want = 3 * 4 * inner * (64 * 64 + 16 * 16 + 16 * 64) * 8
     assert rows[1]["attention_score_share"] * train_throughput.flops.train_step_flops(
-        cfg, {"inputs": 64, "targets": 16}, 8) == pytest.approx(want)
+        cfg, {"inputs": 64, "targets": 16}, 8
+    ) == pytest.approx(want)
     assert rows[1]["attention_score_share"] > rows[0]["attention_score_share"]

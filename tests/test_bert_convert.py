@@ -14,8 +14,14 @@ from t5x_like import convert  # noqa: E402
 from t5x_like.checkpoints import params_io  # noqa: E402
 from t5x_like.models.bert import BertConfig  # noqa: E402
 
-HF = dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-          intermediate_size=64, max_position_embeddings=32)
+HF = dict(
+    vocab_size=120,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=32,
+)
 
 
 def _save_reference(path, safe=True):
@@ -34,17 +40,24 @@ def _logits(model, ids):
 @pytest.mark.parametrize("safe", [True, False], ids=["safetensors", "pytorch_bin"])
 def test_import_verify_export_round_trip(tmp_path, capsys, safe):
     reference = _save_reference(tmp_path / "hf", safe)
-    assert convert.main(["--from_hf", str(tmp_path / "hf"), "--to", str(tmp_path / "ours"),
-                         "--verify"]) == 0
+    assert (
+        convert.main(
+            ["--from_hf", str(tmp_path / "hf"), "--to", str(tmp_path / "ours"), "--verify"]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     diff = float(out.split("max_abs_logit_diff=")[1].split()[0])
     assert diff < 1e-4
     assert isinstance(params_io.restore_config(str(tmp_path / "ours")), BertConfig)
-    assert convert.main(["--from_ckpt", str(tmp_path / "ours"),
-                         "--to_hf", str(tmp_path / "exported")]) == 0
+    assert (
+        convert.main(["--from_ckpt", str(tmp_path / "ours"), "--to_hf", str(tmp_path / "exported")])
+        == 0
+    )
     assert json.loads((tmp_path / "exported" / "config.json").read_text())["model_type"] == "bert"
     exported = transformers.BertForPreTraining.from_pretrained(
-        str(tmp_path / "exported"), local_files_only=True).eval()
+        str(tmp_path / "exported"), local_files_only=True
+    ).eval()
     ids = np.random.default_rng(0).integers(1, 120, (2, 10))
     for got, want in zip(_logits(exported, ids), _logits(reference, ids)):
         np.testing.assert_allclose(got, want, atol=1e-5)
@@ -68,8 +81,19 @@ def test_scanned_layout_runs_the_reference_model_and_exports_back(tmp_path):
     from t5x_like.models.bert_models import BertPretrainingModel
 
     reference = _save_reference(tmp_path / "hf")
-    assert convert.main(["--from_hf", str(tmp_path / "hf"), "--to", str(tmp_path / "scanned"),
-                         "--layout", "scanned"]) == 0
+    assert (
+        convert.main(
+            [
+                "--from_hf",
+                str(tmp_path / "hf"),
+                "--to",
+                str(tmp_path / "scanned"),
+                "--layout",
+                "scanned",
+            ]
+        )
+        == 0
+    )
     config = params_io.restore_config(str(tmp_path / "scanned"))
     assert config.scan_layers
     params = params_io.restore_saved_params(str(tmp_path / "scanned"))
@@ -83,10 +107,15 @@ def test_scanned_layout_runs_the_reference_model_and_exports_back(tmp_path):
     np.testing.assert_allclose(out["mlm_logits"], want_mlm, atol=1e-4)
     np.testing.assert_allclose(out["nsp_logits"], want_nsp, atol=1e-4)
 
-    assert convert.main(["--from_ckpt", str(tmp_path / "scanned"),
-                         "--to_hf", str(tmp_path / "exported")]) == 0
+    assert (
+        convert.main(
+            ["--from_ckpt", str(tmp_path / "scanned"), "--to_hf", str(tmp_path / "exported")]
+        )
+        == 0
+    )
     exported = transformers.BertForPreTraining.from_pretrained(
-        str(tmp_path / "exported"), local_files_only=True)
+        str(tmp_path / "exported"), local_files_only=True
+    )
     want, got = reference.state_dict(), exported.state_dict()
     assert set(got) == set(want)
     for name, tensor in got.items():

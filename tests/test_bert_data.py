@@ -23,7 +23,8 @@ def test_masking_statistics(max_len, max_predictions):
         length = int(rng.integers(max_len // 4, max_len - 3))
         tokens = _sequence(rng, length)
         out, positions, labels = bert_data.mask_tokens(
-            tokens, (CLS, SEP), MASK, VOCAB, max_predictions, rng)
+            tokens, (CLS, SEP), MASK, VOCAB, max_predictions, rng
+        )
         n = len(tokens)  # as the reference counts: [CLS] and [SEP] included
         assert len(positions) == min(max_predictions, max(1, round(0.15 * n)))
         assert all(tokens[p] not in (CLS, SEP) for p in positions)  # never specials
@@ -54,13 +55,25 @@ def test_max_predictions_caps_long_sequences():
 
 
 def test_whole_word_masking_takes_every_piece_of_a_word():
-    pieces = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "un", "##aff", "##able", "runs",
-              "the", "##s"]
+    pieces = [
+        "[PAD]",
+        "[UNK]",
+        "[CLS]",
+        "[SEP]",
+        "[MASK]",
+        "un",
+        "##aff",
+        "##able",
+        "runs",
+        "the",
+        "##s",
+    ]
     tokens = [CLS] + [5, 6, 7, 8, 9, 10] * 20 + [SEP]
     rng = np.random.default_rng(2)
     for _ in range(50):
-        _, positions, _ = bert_data.mask_tokens(tokens, (PAD, CLS, SEP), MASK, len(pieces), 20,
-                                                rng, pieces=pieces, whole_word=True)
+        _, positions, _ = bert_data.mask_tokens(
+            tokens, (PAD, CLS, SEP), MASK, len(pieces), 20, rng, pieces=pieces, whole_word=True
+        )
         chosen = set(positions)
         for p in positions:  # a chosen piece brings its whole word
             start = p
@@ -75,8 +88,13 @@ def test_whole_word_masking_takes_every_piece_of_a_word():
 def _documents(rng, n_docs=60, sentences=(8, 30)):
     """Document d's tokens lie in [1000 d + 10, 1000 d + 999], so every token names its
     document."""
-    return [[rng.integers(1000 * d + 10, 1000 * d + 999, int(rng.integers(6, 14))).tolist()
-             for _ in range(int(rng.integers(*sentences)))] for d in range(n_docs)]
+    return [
+        [
+            rng.integers(1000 * d + 10, 1000 * d + 999, int(rng.integers(6, 14))).tolist()
+            for _ in range(int(rng.integers(*sentences)))
+        ]
+        for d in range(n_docs)
+    ]
 
 
 @pytest.mark.parametrize("skip_single", [False, True])
@@ -88,7 +106,8 @@ def test_sentence_pairs_are_random_or_next_and_never_from_the_same_document(skip
     instances = []
     for _ in range(5):
         instances += bert_data.sentence_pair_instances(
-            _documents(rng), 128, CLS, SEP, rng, skip_single_sentence_chunks=skip_single)
+            _documents(rng), 128, CLS, SEP, rng, skip_single_sentence_chunks=skip_single
+        )
     assert len(instances) > 300
     random_share = np.mean([x.is_random_next for x in instances])
     if skip_single:
@@ -98,7 +117,7 @@ def test_sentence_pairs_are_random_or_next_and_never_from_the_same_document(skip
     for x in instances:
         assert len(x.tokens) <= 128 and x.tokens[0] == CLS and x.tokens.count(SEP) == 2
         first_sep = x.tokens.index(SEP)
-        a, b = x.tokens[1:first_sep], x.tokens[first_sep + 1:-1]
+        a, b = x.tokens[1:first_sep], x.tokens[first_sep + 1 : -1]
         assert a and b and x.segment_ids == [0] * (len(a) + 2) + [1] * (len(b) + 1)
         assert {t // 1000 for t in a} == {x.source_document}
         b_docs = {t // 1000 for t in b}

@@ -12,14 +12,46 @@ import tensorflow as tf
 
 from t5x_like import bert_preprocessors as bp
 from t5x_like import metrics, squad_eval, squad_spans
-from t5x_like.errors import ConfigError
 from t5x_like.data.wordpiece import WordPieceVocabulary
+from t5x_like.errors import ConfigError
 from tests.oracle import run_oracle
 
-WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat",
-         "a", "dog", "ran", "far", "away", "who", "where", "did", "go", "##s", ".",
-         "leader", "was", "john", "smith", "(", "1895", "-", "1943", ")", "japan", "##ese",
-         "is", "big"]
+WORDS = [
+    "[PAD]",
+    "[UNK]",
+    "[CLS]",
+    "[SEP]",
+    "[MASK]",
+    "the",
+    "cat",
+    "sat",
+    "on",
+    "mat",
+    "a",
+    "dog",
+    "ran",
+    "far",
+    "away",
+    "who",
+    "where",
+    "did",
+    "go",
+    "##s",
+    ".",
+    "leader",
+    "was",
+    "john",
+    "smith",
+    "(",
+    "1895",
+    "-",
+    "1943",
+    ")",
+    "japan",
+    "##ese",
+    "is",
+    "big",
+]
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +64,12 @@ def vocab(tmp_path_factory):
 CONTEXT = "the cat sat on the mat a dog ran far away"
 BUDGETS, LENGTHS = range(1, 14), range(0, 16)
 # (text a, text b or None, max_seq_length) framed by both sides
-CLASSIFIER_CASES = [("the cat sat", "a dog ran", 16), ("the cat sat on the mat", "dogs ran", 9),
-                    ("the cat sat on the mat .", None, 6), ("the cat sat", "", 8)]
+CLASSIFIER_CASES = [
+    ("the cat sat", "a dog ran", 16),
+    ("the cat sat on the mat", "dogs ran", 9),
+    ("the cat sat on the mat .", None, 6),
+    ("the cat sat", "", 8),
+]
 # (context, answer, its character offset): answers inside a longer word or with punctuation
 # (the reference narrows them to their own pieces), and one its offset does not hold (the
 # reference drops the example).
@@ -46,11 +82,23 @@ ANSWER_SPAN_CASES = [
 
 
 def _squad_case(answer, is_training, predict=None, version_2=False):
-    example = {"id": "q", "context": CONTEXT, "question": "who ran", "is_impossible": False,
-               "answers": [] if answer is None else [
-                   {"text": answer, "answer_start": CONTEXT.index(answer)}]}
-    case = {"examples": [example], "is_training": is_training, "version_2": version_2,
-            "max_seq_length": 11, "doc_stride": 3, "max_query_length": 64}
+    example = {
+        "id": "q",
+        "context": CONTEXT,
+        "question": "who ran",
+        "is_impossible": False,
+        "answers": []
+        if answer is None
+        else [{"text": answer, "answer_start": CONTEXT.index(answer)}],
+    }
+    case = {
+        "examples": [example],
+        "is_training": is_training,
+        "version_2": version_2,
+        "max_seq_length": 11,
+        "doc_stride": 3,
+        "max_query_length": 64,
+    }
     return {**case, "predict": predict} if predict else case
 
 
@@ -59,21 +107,47 @@ def reference(tmp_path_factory):
     """Google BERT's output on every case of this module, from one oracle run."""
     ids = {w: i for i, w in enumerate(WORDS)}
     payload = {
-        "dir": str(tmp_path_factory.mktemp("bert_reference")), "vocab": WORDS,
+        "dir": str(tmp_path_factory.mktemp("bert_reference")),
+        "vocab": WORDS,
         "truncate": [[a, b, n] for n in BUDGETS for a in LENGTHS for b in LENGTHS],
         "classifier": [{"a": a, "b": b, "max_seq_length": n} for a, b, n in CLASSIFIER_CASES],
         "squad": [
             _squad_case("dog ran", is_training=True),
-            _squad_case(None, False, {"start_id": ids["ran"], "end_id": ids["away"],
-                                      "cls_id": ids["[CLS]"]}),
-            _squad_case(None, False, {"start_id": ids["[CLS]"], "end_id": ids["[CLS]"],
-                                      "cls_id": ids["[CLS]"], "null_threshold": 0.0},
-                        version_2=True)] + [
-            {"examples": [{"id": "q", "context": context, "question": "who ran",
-                           "is_impossible": False,
-                           "answers": [{"text": answer, "answer_start": start}]}],
-             "is_training": True, "version_2": False, "max_seq_length": 32, "doc_stride": 128,
-             "max_query_length": 64} for context, answer, start in ANSWER_SPAN_CASES]}
+            _squad_case(
+                None, False, {"start_id": ids["ran"], "end_id": ids["away"], "cls_id": ids["[CLS]"]}
+            ),
+            _squad_case(
+                None,
+                False,
+                {
+                    "start_id": ids["[CLS]"],
+                    "end_id": ids["[CLS]"],
+                    "cls_id": ids["[CLS]"],
+                    "null_threshold": 0.0,
+                },
+                version_2=True,
+            ),
+        ]
+        + [
+            {
+                "examples": [
+                    {
+                        "id": "q",
+                        "context": context,
+                        "question": "who ran",
+                        "is_impossible": False,
+                        "answers": [{"text": answer, "answer_start": start}],
+                    }
+                ],
+                "is_training": True,
+                "version_2": False,
+                "max_seq_length": 32,
+                "doc_stride": 128,
+                "max_query_length": 64,
+            }
+            for context, answer, start in ANSWER_SPAN_CASES
+        ],
+    }
     return run_oracle("bert_finetune", payload)
 
 
@@ -104,11 +178,19 @@ def test_sentence_pair_is_framed_with_cls_sep_and_segments(vocab, reference):
     assert ex["label"] == 1.0
     # Too long (budget 9 - 3 = 6 for A's 6 pieces and B's 3: "dog ##s ran"): the longer A
     # loses its last tokens until both are 3.
-    cut = _frame(vocab, {"a": "the cat sat on the mat", "b": "dogs ran", "label": 0},
-                 ("a", "b"), 9)
+    cut = _frame(vocab, {"a": "the cat sat on the mat", "b": "dogs ran", "label": 0}, ("a", "b"), 9)
     assert len(cut["inputs"]) == 9
-    assert [WORDS[i] for i in cut["inputs"]] == ["[CLS]", "the", "cat", "sat", "[SEP]", "dog",
-                                                  "##s", "ran", "[SEP]"]
+    assert [WORDS[i] for i in cut["inputs"]] == [
+        "[CLS]",
+        "the",
+        "cat",
+        "sat",
+        "[SEP]",
+        "dog",
+        "##s",
+        "ran",
+        "[SEP]",
+    ]
     for got, (_, _, length), ref in zip((ex, cut), CLASSIFIER_CASES, reference["classifier"]):
         assert _padded(got["inputs"].tolist(), length) == ref["input_ids"]
         assert _padded(got["segment_ids"].tolist(), length) == ref["segment_ids"]
@@ -133,22 +215,28 @@ def _assert_features_equal(ours, theirs):
         assert f.input_ids == ref["input_ids"]
         assert f.segment_ids == ref["segment_ids"]
         if ref["start_position"] is not None:  # the reference sets positions when training
-            assert (f.start_position, f.end_position) == (ref["start_position"],
-                                                          ref["end_position"])
+            assert (f.start_position, f.end_position) == (
+                ref["start_position"],
+                ref["end_position"],
+            )
         assert f.token_to_word == {int(k): v for k, v in ref["token_to_orig_map"].items()}
-        assert {int(k): bool(f.valid[int(k)]) for k in ref["token_is_max_context"]} == \
-            {int(k): v for k, v in ref["token_is_max_context"].items()}
+        assert {int(k): bool(f.valid[int(k)]) for k in ref["token_is_max_context"]} == {
+            int(k): v for k, v in ref["token_is_max_context"].items()
+        }
         assert sorted(np.flatnonzero(f.in_context)) == sorted(
-            int(k) for k in ref["token_to_orig_map"])
-        assert not f.valid[[i for i in range(len(f.valid))
-                            if str(i) not in ref["token_is_max_context"]]].any()
+            int(k) for k in ref["token_to_orig_map"]
+        )
+        assert not f.valid[
+            [i for i in range(len(f.valid)) if str(i) not in ref["token_is_max_context"]]
+        ].any()
 
 
 def test_squad_windows_positions_and_max_context(vocab, reference):
     context = CONTEXT
     answer_start = context.index("dog ran")
-    words, features = bp.squad_features(vocab, context, "who ran", ("dog ran", answer_start),
-                                        max_seq_length=11, doc_stride=3)
+    words, features = bp.squad_features(
+        vocab, context, "who ran", ("dog ran", answer_start), max_seq_length=11, doc_stride=3
+    )
     # 11 context pieces; room = 11 - 2 (query) - 3 = 6 per window, stride 3.
     assert [len(f.input_ids) for f in features] == [11, 11, 10]
     assert [f.token_to_word[4] for f in features] == [0, 3, 6]  # windows start at 0, 3, 6
@@ -195,15 +283,19 @@ def test_squad_decoding_recovers_the_answer_text_across_windows(vocab, reference
     # "ran" has its most context in the third window (start 6), where the span ends at
     # "away"; the windows before score nothing there.
     model = _PointingModel(ids["ran"], ids["away"])
-    answers = squad_eval.predict_answers(model, None, vocab, examples, max_seq_length=11,
-                                         batch_size=2, doc_stride=3)
+    answers = squad_eval.predict_answers(
+        model, None, vocab, examples, max_seq_length=11, batch_size=2, doc_stride=3
+    )
     assert answers == [reference["squad"][1]["predictions"]["q"]] == ["ran far away"]
     assert metrics.squad([["ran far away", "a dog"]], answers) == {"em": 100.0, "f1": 100.0}
     # v2.0: a null score that beats the best span by more than tau means "no answer".
     model = _PointingModel(ids["[CLS]"], ids["[CLS]"])
     v2 = reference["squad"][2]
-    assert squad_eval.predict_answers(model, None, vocab, examples, 11, 2, 3,
-                                      null_threshold=0.0) == [v2["predictions"]["q"]] == [""]
+    assert (
+        squad_eval.predict_answers(model, None, vocab, examples, 11, 2, 3, null_threshold=0.0)
+        == [v2["predictions"]["q"]]
+        == [""]
+    )
     [(_, diff)] = squad_eval.best_answers(model, None, vocab, examples, 11, 2, 3)
     assert diff == pytest.approx(v2["scores_diff"]["q"])  # null 10 + 10 vs a span of 0
     assert metrics.squad_v2([[]], [""]) == {"em": 100.0, "f1": 100.0}
@@ -238,7 +330,6 @@ def test_conll_f1_counts_whole_entities():
 
 def test_head_that_does_not_fit_the_task_is_refused():
     import tasks  # noqa: F401
-
     from t5x_like import input_pipeline
     from t5x_like.models import bert, bert_models
 
@@ -253,7 +344,6 @@ def test_vocabulary_of_another_size_than_the_model_is_refused(tmp_path):
     import gin
 
     import tasks  # noqa: F401
-
     from t5x_like import input_pipeline
 
     path = tmp_path / "vocab.txt"
@@ -296,8 +386,9 @@ def test_squad_answer_spans_are_the_references(vocab, reference, case):
     and an answer its offset does not hold dropped (read_squad_examples)."""
     context, answer, start = ANSWER_SPAN_CASES[case]
     assert context[start:].startswith(answer) or case == 3
-    _, features = bp.squad_features(vocab, context, "who ran", (answer, start),
-                                    max_seq_length=32, doc_stride=128)
+    _, features = bp.squad_features(
+        vocab, context, "who ran", (answer, start), max_seq_length=32, doc_stride=128
+    )
     ref = reference["squad"][3 + case]
     assert len(features) == len(ref["features"]) == (0 if case == 3 else 1)
     _assert_features_equal(features, ref["features"])

@@ -14,8 +14,10 @@ from t5x_like.checkpoints import hf_bert  # noqa: E402
 from t5x_like.data.wordpiece import WordPieceVocabulary  # noqa: E402
 from t5x_like.models import bert  # noqa: E402
 
-SENTENCES = ["The quick brown fox jumps over the lazy dog.",
-             "BERT reads both sides of every word at once!"]
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "BERT reads both sides of every word at once!",
+]
 
 
 def test_pretrained_minilm_reproduces_the_packages_hidden_states():
@@ -31,14 +33,17 @@ def test_pretrained_minilm_reproduces_the_packages_hidden_states():
     # Our tokenizer gives the package's ids: [CLS] pieces [SEP].
     for row, sentence in zip(ids, SENTENCES):
         ours = [vocab.cls_id] + vocab.encode(sentence) + [vocab.sep_id]
-        assert row[:len(ours)].tolist() == ours
+        assert row[: len(ours)].tolist() == ours
 
-    want = reference.encode(SENTENCES, output_value="token_embeddings",
-                            convert_to_numpy=False)
-    sequence, _ = bert.BertEncoder(cfg).apply({"params": params["encoder"]}, jnp.asarray(ids),
-                                               jnp.zeros_like(jnp.asarray(ids)),
-                                               jnp.asarray(mask))
+    want = reference.encode(SENTENCES, output_value="token_embeddings", convert_to_numpy=False)
+    sequence, _ = bert.BertEncoder(cfg).apply(
+        {"params": params["encoder"]},
+        jnp.asarray(ids),
+        jnp.zeros_like(jnp.asarray(ids)),
+        jnp.asarray(mask),
+    )
     for i, tokens in enumerate(want):
         n = int(mask[i].sum())
-        np.testing.assert_allclose(np.asarray(sequence)[i, :n], tokens.numpy()[:n],
-                                   atol=1e-4, rtol=1e-4)
+        np.testing.assert_allclose(
+            np.asarray(sequence)[i, :n], tokens.numpy()[:n], atol=1e-4, rtol=1e-4
+        )

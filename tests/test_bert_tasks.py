@@ -14,52 +14,115 @@ import numpy as np
 import pytest
 import seqio
 
-from t5x_like import bert_features, squad_eval
-from t5x_like import gin_setup
-from t5x_like import train
+from t5x_like import bert_features, gin_setup, squad_eval, train
 from tests.oracle import run_oracle
 from tests.tiny_tfds import build_tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "a",
-         "dog", "ran", "far", "away", "who", "where", "did", "go", "##s", ".", "what", "then",
-         "home", "slept", "john", "lives", "in", "paris", "?"]
+WORDS = [
+    "[PAD]",
+    "[UNK]",
+    "[CLS]",
+    "[SEP]",
+    "[MASK]",
+    "the",
+    "cat",
+    "sat",
+    "on",
+    "mat",
+    "a",
+    "dog",
+    "ran",
+    "far",
+    "away",
+    "who",
+    "where",
+    "did",
+    "go",
+    "##s",
+    ".",
+    "what",
+    "then",
+    "home",
+    "slept",
+    "john",
+    "lives",
+    "in",
+    "paris",
+    "?",
+]
 ID = {w: i for i, w in enumerate(WORDS)}
 CONTEXT = "the cat sat on the mat . a dog ran far away"
 
 
 def _squad(i, answerable=True):
     answer = "a dog" if i % 2 else "the mat"
-    example = {"id": f"q{i}", "title": "t", "context": CONTEXT,
-               "question": "who ran ?" if i % 2 else "where did the cat sit ?",
-               "answers": {"text": [answer] if answerable else [],
-                           "answer_start": [CONTEXT.index(answer)] if answerable else []}}
+    example = {
+        "id": f"q{i}",
+        "title": "t",
+        "context": CONTEXT,
+        "question": "who ran ?" if i % 2 else "where did the cat sit ?",
+        "answers": {
+            "text": [answer] if answerable else [],
+            "answer_start": [CONTEXT.index(answer)] if answerable else [],
+        },
+    }
     return example
 
 
 SQUAD_V2_EXTRA = {"is_impossible": False, "plausible_answers": {"text": [], "answer_start": []}}
 
 DATASETS = {
-    "glue/mrpc": {"train": [{"sentence1": "the cat sat", "sentence2": "a dog ran",
-                             "label": 1, "idx": 0}] * 4,
-                  "validation": [{"sentence1": "the dog sat", "sentence2": "a cat ran",
-                                  "label": 0, "idx": 0}] * 2},
-    "hellaswag": {split: [{"context": "the dog ran", "endings": ["far away", "home",
-                                                                 "the cat", "slept"],
-                           "activity_label": "x", "label": 1, "split_type": "indomain",
-                           "source_id": "s"}] * 4 for split in ("train", "validation")},
-    "conll2003": {split: [{"tokens": ["john", "lives", "in", "paris", "dogs"],
-                           "pos": [0] * 5, "chunks": [0] * 5, "ner": [1, 0, 0, 5, 0]}] * 4
-                  for split in ("train", "validation")},
-    "squad/v1.1": {"train": [_squad(i) for i in range(4)],
-                   "validation": [_squad(i) for i in range(4)]},
-    "squad/v2.0": {split: [{**_squad(i, answerable=i != 2), **SQUAD_V2_EXTRA,
-                            "is_impossible": i == 2} for i in range(4)]
-                   for split in ("train", "validation")},
+    "glue/mrpc": {
+        "train": [{"sentence1": "the cat sat", "sentence2": "a dog ran", "label": 1, "idx": 0}] * 4,
+        "validation": [{"sentence1": "the dog sat", "sentence2": "a cat ran", "label": 0, "idx": 0}]
+        * 2,
+    },
+    "hellaswag": {
+        split: [
+            {
+                "context": "the dog ran",
+                "endings": ["far away", "home", "the cat", "slept"],
+                "activity_label": "x",
+                "label": 1,
+                "split_type": "indomain",
+                "source_id": "s",
+            }
+        ]
+        * 4
+        for split in ("train", "validation")
+    },
+    "conll2003": {
+        split: [
+            {
+                "tokens": ["john", "lives", "in", "paris", "dogs"],
+                "pos": [0] * 5,
+                "chunks": [0] * 5,
+                "ner": [1, 0, 0, 5, 0],
+            }
+        ]
+        * 4
+        for split in ("train", "validation")
+    },
+    "squad/v1.1": {
+        "train": [_squad(i) for i in range(4)],
+        "validation": [_squad(i) for i in range(4)],
+    },
+    "squad/v2.0": {
+        split: [
+            {**_squad(i, answerable=i != 2), **SQUAD_V2_EXTRA, "is_impossible": i == 2}
+            for i in range(4)
+        ]
+        for split in ("train", "validation")
+    },
 }
-TASKS = {"glue/mrpc": "bert_glue_mrpc", "hellaswag": "bert_hellaswag",
-         "conll2003": "bert_conll2003_ner", "squad/v1.1": "bert_squad_v110",
-         "squad/v2.0": "bert_squad_v200"}
+TASKS = {
+    "glue/mrpc": "bert_glue_mrpc",
+    "hellaswag": "bert_hellaswag",
+    "conll2003": "bert_conll2003_ner",
+    "squad/v1.1": "bert_squad_v110",
+    "squad/v2.0": "bert_squad_v200",
+}
 
 
 @pytest.fixture(scope="module")
@@ -76,13 +139,27 @@ def data_dir(tmp_path_factory):
 
 
 def _squad_reference_case(split_name, version_2):
-    examples = [{"id": ex["id"], "context": ex["context"], "question": ex["question"],
-                 "is_impossible": bool(ex.get("is_impossible", False)),
-                 "answers": [{"text": t, "answer_start": a} for t, a in
-                             zip(ex["answers"]["text"], ex["answers"]["answer_start"])]}
-                for ex in DATASETS[split_name]["train"]]
-    return {"examples": examples, "is_training": True, "version_2": version_2,
-            "max_seq_length": 32, "doc_stride": 128, "max_query_length": 64}
+    examples = [
+        {
+            "id": ex["id"],
+            "context": ex["context"],
+            "question": ex["question"],
+            "is_impossible": bool(ex.get("is_impossible", False)),
+            "answers": [
+                {"text": t, "answer_start": a}
+                for t, a in zip(ex["answers"]["text"], ex["answers"]["answer_start"])
+            ],
+        }
+        for ex in DATASETS[split_name]["train"]
+    ]
+    return {
+        "examples": examples,
+        "is_training": True,
+        "version_2": version_2,
+        "max_seq_length": 32,
+        "doc_stride": 128,
+        "max_query_length": 64,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -92,12 +169,18 @@ def reference(tmp_path_factory):
     training windows (length 32, the tasks' stride 128 and query length 64)."""
     mrpc = DATASETS["glue/mrpc"]["train"][0]
     swag = DATASETS["hellaswag"]["train"][0]
-    pairs = [(mrpc["sentence1"], mrpc["sentence2"])] + [(swag["context"], e)
-                                                        for e in swag["endings"]]
-    payload = {"dir": str(tmp_path_factory.mktemp("bert_reference")), "vocab": WORDS,
-               "classifier": [{"a": a, "b": b, "max_seq_length": 16} for a, b in pairs],
-               "squad": [_squad_reference_case("squad/v1.1", False),
-                         _squad_reference_case("squad/v2.0", True)]}
+    pairs = [(mrpc["sentence1"], mrpc["sentence2"])] + [
+        (swag["context"], e) for e in swag["endings"]
+    ]
+    payload = {
+        "dir": str(tmp_path_factory.mktemp("bert_reference")),
+        "vocab": WORDS,
+        "classifier": [{"a": a, "b": b, "max_seq_length": 16} for a, b in pairs],
+        "squad": [
+            _squad_reference_case("squad/v1.1", False),
+            _squad_reference_case("squad/v2.0", True),
+        ],
+    }
     return run_oracle("bert_finetune", payload)
 
 
@@ -108,8 +191,14 @@ def vocab_bound(data_dir):
 
 
 def _first(task, converter, length=16, split="train"):
-    ds = seqio.get_dataset(task, {"inputs": length}, feature_converter=converter,
-                           dataset_split=split, shuffle=False, num_epochs=1)
+    ds = seqio.get_dataset(
+        task,
+        {"inputs": length},
+        feature_converter=converter,
+        dataset_split=split,
+        shuffle=False,
+        num_epochs=1,
+    )
     return next(ds.as_numpy_iterator())
 
 
@@ -125,8 +214,17 @@ def _assert_framed_as(ex, ref):
 def test_glue_pair_in_bert_format(vocab_bound, reference):
     ex = _first("bert_glue_mrpc", bert_features.ClassificationFeatureConverter())
     _assert_framed_as(ex, reference["classifier"][0])
-    assert _words(ex["input_ids"]) == ["[CLS]", "the", "cat", "sat", "[SEP]", "a", "dog", "ran",
-                                       "[SEP]"]
+    assert _words(ex["input_ids"]) == [
+        "[CLS]",
+        "the",
+        "cat",
+        "sat",
+        "[SEP]",
+        "a",
+        "dog",
+        "ran",
+        "[SEP]",
+    ]
     assert ex["label"] == 1.0 and ex["label_weights"] == 1.0  # the TFDS label, weight 1
 
 
@@ -134,12 +232,14 @@ def test_hellaswag_stacks_one_pair_per_ending(vocab_bound, reference):
     ex = _first("bert_hellaswag", bert_features.MultipleChoiceFeatureConverter(4))
     assert ex["input_ids"].shape == (4, 16)
     for choice in range(4):  # each ending: the context as A, the ending as B
-        _assert_framed_as({k: ex[k][choice] for k in ("input_ids", "segment_ids",
-                                                     "input_mask")},
-                          reference["classifier"][1 + choice])
+        _assert_framed_as(
+            {k: ex[k][choice] for k in ("input_ids", "segment_ids", "input_mask")},
+            reference["classifier"][1 + choice],
+        )
     assert [_words(row) for row in ex["input_ids"]] == [
         ["[CLS]", "the", "dog", "ran", "[SEP]"] + ending + ["[SEP]"]
-        for ending in (["far", "away"], ["home"], ["the", "cat"], ["slept"])]
+        for ending in (["far", "away"], ["home"], ["the", "cat"], ["slept"])
+    ]
     assert ex["label"] == 1.0  # the TFDS label
 
 
@@ -149,39 +249,65 @@ def test_conll_tags_the_first_piece_of_each_word(vocab_bound):
     (WordPiece's longest match first), so the words' tags [1, 0, 0, 5, 0] sit on positions
     1-5 after [CLS], "##s" gets weight 0, and [CLS]/[SEP] are not scored (tag 0, weight 0)."""
     ex = _first("bert_conll2003_ner", bert_features.TaggingFeatureConverter())
-    assert _words(ex["input_ids"]) == ["[CLS]", "john", "lives", "in", "paris", "dog", "##s",
-                                       "[SEP]"]
+    assert _words(ex["input_ids"]) == [
+        "[CLS]",
+        "john",
+        "lives",
+        "in",
+        "paris",
+        "dog",
+        "##s",
+        "[SEP]",
+    ]
     assert ex["labels"][:8].tolist() == [0, 1, 0, 0, 5, 0, 0, 0]
     assert ex["label_weights"][:8].tolist() == [0, 1, 1, 1, 1, 1, 0, 0]
 
 
 def _span_features(task):
-    ds = seqio.get_dataset(task, {"inputs": 32},
-                           feature_converter=bert_features.SpanFeatureConverter(),
-                           dataset_split="train", shuffle=False, num_epochs=1)
+    ds = seqio.get_dataset(
+        task,
+        {"inputs": 32},
+        feature_converter=bert_features.SpanFeatureConverter(),
+        dataset_split="train",
+        shuffle=False,
+        num_epochs=1,
+    )
     return list(ds.as_numpy_iterator())
 
 
 def _as_reference(ex):
-    return (tuple(ex["input_ids"].tolist()), tuple(ex["segment_ids"].tolist()),
-            int(ex["start_position"]), int(ex["end_position"]))
+    return (
+        tuple(ex["input_ids"].tolist()),
+        tuple(ex["segment_ids"].tolist()),
+        int(ex["start_position"]),
+        int(ex["end_position"]),
+    )
 
 
 def test_squad_training_features_point_at_the_answer(vocab_bound, reference):
     ex = _first("bert_squad_v110", bert_features.SpanFeatureConverter(), length=32)
     ids = ex["input_ids"]
-    assert _words(ids[ex["start_position"]:ex["end_position"] + 1]) == ["the", "mat"]
+    assert _words(ids[ex["start_position"] : ex["end_position"] + 1]) == ["the", "mat"]
     for task, ref in zip(("bert_squad_v110", "bert_squad_v200"), reference["squad"]):
         ours = _span_features(task)
         assert ref["num_examples"] == 4
-        want = [(tuple(_padded(f["input_ids"], 32)), tuple(_padded(f["segment_ids"], 32)),
-                 f["start_position"], f["end_position"]) for f in ref["features"]]
+        want = [
+            (
+                tuple(_padded(f["input_ids"], 32)),
+                tuple(_padded(f["segment_ids"], 32)),
+                f["start_position"],
+                f["end_position"],
+            )
+            for f in ref["features"]
+        ]
         # TFDS stores the examples in its own order: compare as multisets
         assert sorted(map(_as_reference, ours)) == sorted(want), task
         for e in ours:
             assert e["input_mask"].tolist() == (e["input_ids"] != 0).astype(int).tolist()
-    spans = [(int(e["start_position"]), int(e["end_position"]))
-             for e in _span_features("bert_squad_v200")]
+    spans = [
+        (int(e["start_position"]), int(e["end_position"]))
+        for e in _span_features("bert_squad_v200")
+    ]
     # one window per question; the unanswerable one points at [CLS]
     assert len(spans) == 4 and spans.count((0, 0)) == 1
 
@@ -208,32 +334,57 @@ class _Oracle:
 
 
 def test_squad_evaluation_scores_the_oracle_perfectly(vocab_bound):
-    scores = squad_eval.evaluate_task(_Oracle(), None, "bert_squad_v110", "validation",
-                                      {"inputs": 32}, batch_size=3)
+    scores = squad_eval.evaluate_task(
+        _Oracle(), None, "bert_squad_v110", "validation", {"inputs": 32}, batch_size=3
+    )
     assert scores == {"em": 100.0, "f1": 100.0}
 
 
-TINY_BERT = ["BertConfig.vocab_size=30", "BertConfig.hidden_size=32", "BertConfig.num_layers=1",
-             "BertConfig.num_heads=2", "BertConfig.intermediate_size=64"]
+TINY_BERT = [
+    "BertConfig.vocab_size=30",
+    "BertConfig.hidden_size=32",
+    "BertConfig.num_layers=1",
+    "BertConfig.num_heads=2",
+    "BertConfig.intermediate_size=64",
+]
 RECIPES = [
     pytest.param("bert_finetune_squad.gin", [], ("em", "f1"), id="squad"),
     pytest.param("bert_finetune_swag.gin", [], ("accuracy",), id="swag"),
-    pytest.param("bert_finetune_ner.gin", ["FEATURE_BASED=True", "BertTaggerModel.lstm_size=16"],
-                 ("f1", "precision", "recall", "token_accuracy"), id="ner_feature_based"),
+    pytest.param(
+        "bert_finetune_ner.gin",
+        ["FEATURE_BASED=True", "BertTaggerModel.lstm_size=16"],
+        ("f1", "precision", "recall", "token_accuracy"),
+        id="ner_feature_based",
+    ),
 ]
 
 
 @pytest.mark.slow  # training runs: in the slow set that .ci/run runs after the default suite
 @pytest.mark.parametrize("gin_file,extra,metric_names", RECIPES)
-def test_fine_tuning_recipe_runs_and_scores_validation(gin_file, extra, metric_names, data_dir,
-                                                       tmp_path):
+def test_fine_tuning_recipe_runs_and_scores_validation(
+    gin_file, extra, metric_names, data_dir, tmp_path
+):
     model_dir = tmp_path / "run"
-    gin_setup.parse_gin([os.path.join(ROOT, "gin_configs/models/bert/tiny.gin"),
-                          os.path.join(ROOT, "gin_configs/runs", gin_file)], TINY_BERT + extra + [
-        f"MODEL_DIR={model_dir}", f"bert_vocab_path.path={data_dir / 'vocab.txt'}",
-        "train.train_epochs=None", "TRAIN_STEPS=3", "BATCH_SIZE=8",
-        "train.task_feature_lengths={'inputs': 32}", "train.metrics_eval_every=3",
-        "train.metrics_eval_batch_size=4", "train.log_every=3", "train.checkpoint_every=3"])
+    gin_setup.parse_gin(
+        [
+            os.path.join(ROOT, "gin_configs/models/bert/tiny.gin"),
+            os.path.join(ROOT, "gin_configs/runs", gin_file),
+        ],
+        TINY_BERT
+        + extra
+        + [
+            f"MODEL_DIR={model_dir}",
+            f"bert_vocab_path.path={data_dir / 'vocab.txt'}",
+            "train.train_epochs=None",
+            "TRAIN_STEPS=3",
+            "BATCH_SIZE=8",
+            "train.task_feature_lengths={'inputs': 32}",
+            "train.metrics_eval_every=3",
+            "train.metrics_eval_batch_size=4",
+            "train.log_every=3",
+            "train.checkpoint_every=3",
+        ],
+    )
     state = train.train()
     assert int(state.step) == 3
     best = json.loads((model_dir / "best" / "best.json").read_text())

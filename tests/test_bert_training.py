@@ -14,24 +14,30 @@ import numpy as np
 import pytest
 import seqio
 
-from t5x_like import gin_setup
-from t5x_like import logs, optimizers, partitioning, train, trainer
+from t5x_like import gin_setup, logs, optimizers, partitioning, train, trainer
 from t5x_like.models import bert, bert_models
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PRETRAIN_GIN = [os.path.join(ROOT, "gin_configs/models/bert/tiny.gin"),
-                os.path.join(ROOT, "gin_configs/runs/bert_pretrain_offline.gin")]
+PRETRAIN_GIN = [
+    os.path.join(ROOT, "gin_configs/models/bert/tiny.gin"),
+    os.path.join(ROOT, "gin_configs/runs/bert_pretrain_offline.gin"),
+]
 
 
 def _pretraining_batch(length=64, predictions=10, batch_size=8):
     import tasks  # noqa: F401
 
     model = bert_models.BertPretrainingModel(bert.BertConfig(vocab_size=4096))
-    ds = seqio.get_dataset("bert_offline_pretraining",
-                           {"inputs": length, "targets": predictions},
-                           feature_converter=model.feature_converter(False),
-                           dataset_split="validation", shuffle=False, num_epochs=1, seed=0,
-                           batch_size=batch_size)
+    ds = seqio.get_dataset(
+        "bert_offline_pretraining",
+        {"inputs": length, "targets": predictions},
+        feature_converter=model.feature_converter(False),
+        dataset_split="validation",
+        shuffle=False,
+        num_epochs=1,
+        seed=0,
+        batch_size=batch_size,
+    )
     return next(ds.as_numpy_iterator())
 
 
@@ -44,14 +50,15 @@ def test_offline_pretraining_batches_are_bert_pairs():
     ids, segments = batch["input_ids"], batch["segment_ids"]
     assert ids.shape == (16, 64) and batch["masked_lm_positions"].shape == (16, 10)
     assert (ids[:, 0] == vocab.cls_id).all()
-    for row, seg, mask, pos, w in zip(ids, segments, batch["input_mask"],
-                                      batch["masked_lm_positions"], batch["masked_lm_weights"]):
+    for row, seg, mask, pos, w in zip(
+        ids, segments, batch["input_mask"], batch["masked_lm_positions"], batch["masked_lm_weights"]
+    ):
         n = int(mask.sum())
         assert (row[n:] == 0).all() and (row[:n] != 0).all()
         seps = np.flatnonzero(row == vocab.sep_id)
         assert len(seps) == 2 and seps[1] == n - 1
         # segment A is [CLS] A [SEP], segment B is B [SEP]
-        assert (seg[:seps[0] + 1] == 0).all() and (seg[seps[0] + 1:n] == 1).all()
+        assert (seg[: seps[0] + 1] == 0).all() and (seg[seps[0] + 1 : n] == 1).all()
         predicted = pos[w > 0]
         assert len(predicted) >= 1 and (np.diff(predicted) > 0).all()
         assert not set(predicted) & {0, seps[0], seps[1]}
@@ -60,8 +67,15 @@ def test_offline_pretraining_batches_are_bert_pairs():
 
 
 def _microbatch_grads(num_microbatches):
-    cfg = bert.BertConfig(vocab_size=4096, hidden_size=32, num_layers=1, num_heads=2,
-                          intermediate_size=64, dropout_rate=0.0, attention_dropout_rate=0.0)
+    cfg = bert.BertConfig(
+        vocab_size=4096,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        intermediate_size=64,
+        dropout_rate=0.0,
+        attention_dropout_rate=0.0,
+    )
     model = bert_models.BertPretrainingModel(cfg)
     mesh = partitioning.make_mesh(devices=jax.devices()[:1])
     rules = partitioning.logical_axis_rules()
@@ -70,7 +84,8 @@ def _microbatch_grads(num_microbatches):
     # An "optimizer" whose state is the last gradient it was given and whose update is 0.
     probe = optax.GradientTransformation(
         lambda p: jax.tree_util.tree_map(jnp.zeros_like, p),
-        lambda g, state, params=None: (jax.tree_util.tree_map(jnp.zeros_like, g), g))
+        lambda g, state, params=None: (jax.tree_util.tree_map(jnp.zeros_like, g), g),
+    )
     layout = trainer.make_layout(model, probe, mesh, rules)
     state = trainer.init_state(model, probe, jax.random.key(0), layout)
     batch = {k: np.array(v) for k, v in _pretraining_batch().items()}
@@ -94,18 +109,31 @@ def test_two_term_loss_accumulates_exactly_over_microbatches():
 
 
 def _logged(out, key):
-    return [float(line.split(f" {key} ")[1].split()[0]) for line in logs.unstamped(out)
-            if line.startswith("step") and f" {key} " in line and " eval " not in line]
+    return [
+        float(line.split(f" {key} ")[1].split()[0])
+        for line in logs.unstamped(out)
+        if line.startswith("step") and f" {key} " in line and " eval " not in line
+    ]
 
 
 @pytest.mark.slow  # (the default suite must stay under 15 minutes)
 def test_tiny_two_phase_pretraining_run_lowers_the_masked_lm_loss(tmp_path, capsys):
     model_dir = tmp_path / "bert"
-    gin_setup.parse_gin(PRETRAIN_GIN, [
-        f"MODEL_DIR={model_dir}", "TRAIN_STEPS=50", "BATCH_SIZE=16",
-        "train.phases=((0.8, {'inputs': 64, 'targets': 10}), (1.0, {'inputs': 128, "
-        "'targets': 20}))", "train.log_every=10", "train.eval_every=50",
-        "train.checkpoint_every=45", "train.peak_learning_rate=2e-3", "train.warmup_steps=5"])
+    gin_setup.parse_gin(
+        PRETRAIN_GIN,
+        [
+            f"MODEL_DIR={model_dir}",
+            "TRAIN_STEPS=50",
+            "BATCH_SIZE=16",
+            "train.phases=((0.8, {'inputs': 64, 'targets': 10}), (1.0, {'inputs': 128, "
+            "'targets': 20}))",
+            "train.log_every=10",
+            "train.eval_every=50",
+            "train.checkpoint_every=45",
+            "train.peak_learning_rate=2e-3",
+            "train.warmup_steps=5",
+        ],
+    )
     state = train.train()
     out = capsys.readouterr().out
     mlm = _logged(out, "mlm_loss")
@@ -126,15 +154,17 @@ def test_tiny_two_phase_pretraining_run_lowers_the_masked_lm_loss(tmp_path, caps
     assert int(state.step) == 50
 
 
-
 def test_frozen_modules_get_no_update_not_even_weight_decay():
     """The feature-based approach's optimizer: AdamW on the head, nothing at all on the frozen
     encoder (decoupled weight decay would otherwise shrink it even with zero gradients)."""
-    params = {"encoder": {"kernel": jnp.ones((3, 3)), "bias": jnp.ones(3)},
-              "classifier": {"kernel": jnp.ones((3, 2)), "bias": jnp.ones(2)}}
+    params = {
+        "encoder": {"kernel": jnp.ones((3, 3)), "bias": jnp.ones(3)},
+        "classifier": {"kernel": jnp.ones((3, 2)), "bias": jnp.ones(2)},
+    }
     grads = jax.tree_util.tree_map(jnp.ones_like, params)
-    tx = optimizers.make_optimizer("adamw", optimizers.bert_learning_rate(1e-2, 10, 1),
-                                   frozen_modules=("encoder",))
+    tx = optimizers.make_optimizer(
+        "adamw", optimizers.bert_learning_rate(1e-2, 10, 1), frozen_modules=("encoder",)
+    )
     state = tx.init(params)
     for _ in range(3):
         updates, state = tx.update(grads, state, params)
@@ -166,20 +196,37 @@ def test_fine_tuning_imported_minilm_beats_chance_on_offline_word_order(tmp_path
     assert convert.main(["--from_hf", hf_dir, "--to", str(ckpt)]) == 0
     model_dir = tmp_path / "word_order"
     bindings = [
-        f"MODEL_DIR={model_dir}", f"INIT_CHECKPOINT={ckpt}", "TASK=bert_offline_word_order",
+        f"MODEL_DIR={model_dir}",
+        f"INIT_CHECKPOINT={ckpt}",
+        "TASK=bert_offline_word_order",
         f"bert_vocab_path.path={hf_dir}/vocab.txt",
         # MiniLM's dimensions (the converter saved them; the model must be built the same)
-        "BertConfig.hidden_size=384", "BertConfig.num_layers=6", "BertConfig.num_heads=12",
-        "BertConfig.intermediate_size=1536", "BertConfig.vocab_size=30522",
-        "train.train_epochs=None", "TRAIN_STEPS=30", "BATCH_SIZE=16", "LEARNING_RATE=1e-4",
-        "train.task_feature_lengths={'inputs': 32}", "train.warmup_proportion=0.1",
-        "train.metrics_eval_every=30", "train.metrics_eval_examples=128", "train.log_every=15",
-        "train.checkpoint_every=30"]
+        "BertConfig.hidden_size=384",
+        "BertConfig.num_layers=6",
+        "BertConfig.num_heads=12",
+        "BertConfig.intermediate_size=1536",
+        "BertConfig.vocab_size=30522",
+        "train.train_epochs=None",
+        "TRAIN_STEPS=30",
+        "BATCH_SIZE=16",
+        "LEARNING_RATE=1e-4",
+        "train.task_feature_lengths={'inputs': 32}",
+        "train.warmup_proportion=0.1",
+        "train.metrics_eval_every=30",
+        "train.metrics_eval_examples=128",
+        "train.log_every=15",
+        "train.checkpoint_every=30",
+    ]
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
-    run = subprocess.run([sys.executable, "-m", "t5x_like.train",
-                          "--gin_file=gin_configs/runs/bert_finetune.gin"]
-                         + [f"--gin.{b}" for b in bindings],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        [sys.executable, "-m", "t5x_like.train", "--gin_file=gin_configs/runs/bert_finetune.gin"]
+        + [f"--gin.{b}" for b in bindings],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "newly initialised: classifier" in run.stdout
     best = json.loads((model_dir / "best" / "best.json").read_text())
@@ -194,8 +241,14 @@ def test_correct_counts_are_numpys_argmax_hits():
     the labels set to it, so there are hits to count; the logits do not read the labels)."""
     from benchmarks.families import bert_batch
 
-    cfg = bert.BertConfig(vocab_size=64, hidden_size=32, num_heads=2, intermediate_size=64,
-                          num_layers=1, max_position_embeddings=32)
+    cfg = bert.BertConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_heads=2,
+        intermediate_size=64,
+        num_layers=1,
+        max_position_embeddings=32,
+    )
     model = bert_models.BertPretrainingModel(cfg)
     params = model.init(jax.random.key(0))
     batch = {k: jnp.asarray(v) for k, v in bert_batch(cfg, 4, 32, 6).items()}
@@ -207,8 +260,7 @@ def test_correct_counts_are_numpys_argmax_hits():
     nsp = np.asarray(batch["next_sentence_labels"]).reshape(nsp_best.shape).copy()
     nsp[::2] = nsp_best[::2]
     batch["masked_lm_ids"] = jnp.asarray(ids)
-    batch["next_sentence_labels"] = jnp.asarray(nsp).reshape(
-        batch["next_sentence_labels"].shape)
+    batch["next_sentence_labels"] = jnp.asarray(nsp).reshape(batch["next_sentence_labels"].shape)
     sums = model.loss_sums(params, batch)
     weights = np.asarray(batch["masked_lm_weights"])
     mlm_correct = np.sum((mlm_best == ids) * weights)

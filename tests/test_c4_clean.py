@@ -20,9 +20,11 @@ import pytest
 from t5x_like.data import c4_clean
 from t5x_like.data.c4_clean import C4Cleaner, Page, PaperWordingCleaner
 
-GOOD = ["The river runs through the old town every spring.",
-        "Visitors often walk along its banks at sunset!",
-        "Have you ever seen the lanterns on the water?"]
+GOOD = [
+    "The river runs through the old town every spring.",
+    "Visitors often walk along its banks at sunset!",
+    "Have you ever seen the lanterns on the water?",
+]
 
 
 def page(*lines, url="u", timestamp=""):
@@ -39,9 +41,11 @@ def write_wet(path, pages) -> None:
     """`pages` as a Common Crawl WET file (WARC/1.0 records of extracted text)."""
     with gzip.open(path, "wt", encoding="utf-8", newline="") as f:
         for p in pages:
-            f.write(f"WARC/1.0\r\nWARC-Type: conversion\r\nWARC-Target-URI: {p.url}\r\n"
-                    f"WARC-Date: {p.timestamp}\r\nContent-Type: text/plain\r\n"
-                    f"Content-Length: {len(p.text.encode())}\r\n\r\n{p.text}\r\n\r\n")
+            f.write(
+                f"WARC/1.0\r\nWARC-Type: conversion\r\nWARC-Target-URI: {p.url}\r\n"
+                f"WARC-Date: {p.timestamp}\r\nContent-Type: text/plain\r\n"
+                f"Content-Length: {len(p.text.encode())}\r\n\r\n{p.text}\r\n\r\n"
+            )
 
 
 @pytest.fixture
@@ -73,12 +77,20 @@ def tfds_c4(monkeypatch, tmp_path):
         lines_to_keep = collections.defaultdict(list)
         for line_hash, url in selected.items():
             lines_to_keep[url].append(line_hash)
-        features = [q for p in features for q in c4_utils._remove_lines_from_text(
-            (p.url, {"pages": [p], "lines": lines_to_keep[p.url]}), noop, 3)]
+        features = [
+            q
+            for p in features
+            for q in c4_utils._remove_lines_from_text(
+                (p.url, {"pages": [p], "lines": lines_to_keep[p.url]}), noop, 3
+            )
+        ]
         if bad_words:
             keep = c4_utils.get_badwords_filter_fn({"en": list(bad_words)})
-            features = [p for p in features if keep(c4_utils.PageFeatures(
-                url=p.url, text=p.text, language="en"))]
+            features = [
+                p
+                for p in features
+                if keep(c4_utils.PageFeatures(url=p.url, text=p.text, language="en"))
+            ]
         return [(p.url, p.text) for p in features]
 
     return run
@@ -89,8 +101,9 @@ def random_pages(rng: random.Random, n: int) -> list[Page]:
     words = "the a river town spring bank sunset lantern water old bridge mason city".split()
 
     def sentence():
-        return " ".join(rng.choice(words) for _ in range(rng.randint(2, 9))).capitalize() + \
-            rng.choice([".", ".", "!", "?", '."', "...", "”", ""])
+        return " ".join(
+            rng.choice(words) for _ in range(rng.randint(2, 9))
+        ).capitalize() + rng.choice([".", ".", "!", "?", '."', "...", "”", ""])
 
     shared = [" ".join(sentence() for _ in range(rng.randint(1, 3))) for _ in range(12)]
     specials = [
@@ -112,16 +125,26 @@ def random_pages(rng: random.Random, n: int) -> list[Page]:
         "\tIndented with a tab, this line of text is still good.",
         "",
     ]
-    hosts = ["http://a.org/x", "https://www.a.org/x", "https://a.org/x/", "a.org/x?utm_s=1",
-             "http://b.org/page", "https://b.org/page?ref=z"]
+    hosts = [
+        "http://a.org/x",
+        "https://www.a.org/x",
+        "https://a.org/x/",
+        "a.org/x?utm_s=1",
+        "http://b.org/page",
+        "https://b.org/page?ref=z",
+    ]
     pages = []
     for i in range(n):
         lines = []
         for _ in range(rng.randint(0, 8)):
             r = rng.random()
-            lines.append(rng.choice(shared) if r < 0.35
-                         else rng.choice(specials).replace("<n>", str(i)) if r < 0.55
-                         else " ".join(sentence() for _ in range(rng.randint(1, 4))))
+            lines.append(
+                rng.choice(shared)
+                if r < 0.35
+                else rng.choice(specials).replace("<n>", str(i))
+                if r < 0.55
+                else " ".join(sentence() for _ in range(rng.randint(1, 4)))
+            )
         text = rng.choice(["\n", "\r\n", "\n\n", "\r"]).join(lines)
         if rng.random() < 0.01:
             text += "\n" + "A very long page. " * 11_000
@@ -137,8 +160,9 @@ def random_pages(rng: random.Random, n: int) -> list[Page]:
 def test_equals_tfds_c4_pipeline(seed, splitter, tfds_c4):
     from nltk.tokenize.punkt import PunktSentenceTokenizer
 
-    sentences = (c4_clean.split_sentences if splitter == "regex"
-                 else PunktSentenceTokenizer().tokenize)
+    sentences = (
+        c4_clean.split_sentences if splitter == "regex" else PunktSentenceTokenizer().tokenize
+    )
     pages = random_pages(random.Random(seed), 300)
     bad_words = ["grapefruit", "two words"]
     cleaner = C4Cleaner(bad_words=bad_words, sentence_splitter=sentences)
@@ -147,18 +171,34 @@ def test_equals_tfds_c4_pipeline(seed, splitter, tfds_c4):
     assert sorted(ours) == sorted(reference)
     assert len(ours) > 30  # the corpus keeps enough pages to be a real comparison
     removed = cleaner.report.pages_removed
-    for rule in ("empty_page", "duplicate_url", "lorem_ipsum", "curly_brace",
-                 "too_few_sentences", "duplicate_lines", "bad_words"):
+    for rule in (
+        "empty_page",
+        "duplicate_url",
+        "lorem_ipsum",
+        "curly_brace",
+        "too_few_sentences",
+        "duplicate_lines",
+        "bad_words",
+    ):
         assert removed[rule] > 0, rule  # every page rule is met
-    for rule in ("long_word", "terminal_punct", "too_few_words", "javascript", "policy",
-                 "duplicate_line"):
+    for rule in (
+        "long_word",
+        "terminal_punct",
+        "too_few_words",
+        "javascript",
+        "policy",
+        "duplicate_line",
+    ):
         assert cleaner.report.lines_removed[rule] > 0, rule
     assert cleaner.report.pages_in - cleaner.report.pages_out == sum(removed.values())
 
 
 def test_a_cut_citation_leaves_its_space_except_at_the_page_start(tfds_c4):
-    lines = ["[1] The bridge was built by local masons long ago.",
-             "[2] The river under it is wide and slow in summer.", *GOOD]
+    lines = [
+        "[1] The bridge was built by local masons long ago.",
+        "[2] The river under it is wide and slow in summer.",
+        *GOOD,
+    ]
     kept, _ = clean(page(*lines))
     assert kept == [[lines[0][4:], lines[1][3:], *GOOD]]  # by hand: TFDS strips the page
     assert [("u", "\n".join(kept[0]))] == tfds_c4([page(*lines, timestamp="2019-04-01")])
@@ -167,22 +207,31 @@ def test_a_cut_citation_leaves_its_space_except_at_the_page_start(tfds_c4):
 def test_url_normalization_equals_tfds():
     from tensorflow_datasets.text import c4_utils
 
-    for url in ["http://www.a.org/x/", "https://a.org/x?utm_source=t", "a.org/x?ref=1&b=2",
-                "https://www.b.org/feed?feed=1", "https://c.org/?q=utm_", "ftp://d.org//"]:
+    for url in [
+        "http://www.a.org/x/",
+        "https://a.org/x?utm_source=t",
+        "a.org/x?ref=1&b=2",
+        "https://www.b.org/feed?feed=1",
+        "https://c.org/?q=utm_",
+        "ftp://d.org//",
+    ]:
         assert c4_clean.normalize_url(url) == c4_utils.normalize_url(url)
 
 
 # ------------------------------------------------------------ TFDS rules by hand
-@pytest.mark.parametrize("bad_line,rule", [
-    ("This line has no terminal punctuation at all", "terminal_punct"),
-    ("This line trails off into an ellipsis...", "terminal_punct"),
-    ("This line ends in a curly closing quote ”", "terminal_punct"),
-    ("Too short a line.", "too_few_words"),
-    ("A " + "x" * 1001 + " word is too long for any line.", "long_word"),
-    ("Please enable JavaScript to view this page properly.", "javascript"),
-    ("By using this site you agree to our Terms of Use.", "policy"),
-    ("We use cookies to improve your experience here.", "policy"),
-])
+@pytest.mark.parametrize(
+    "bad_line,rule",
+    [
+        ("This line has no terminal punctuation at all", "terminal_punct"),
+        ("This line trails off into an ellipsis...", "terminal_punct"),
+        ("This line ends in a curly closing quote ”", "terminal_punct"),
+        ("Too short a line.", "too_few_words"),
+        ("A " + "x" * 1001 + " word is too long for any line.", "long_word"),
+        ("Please enable JavaScript to view this page properly.", "javascript"),
+        ("By using this site you agree to our Terms of Use.", "policy"),
+        ("We use cookies to improve your experience here.", "policy"),
+    ],
+)
 def test_line_rules_remove_only_that_line(bad_line, rule):
     kept, report = clean(page(GOOD[0], bad_line, GOOD[1], GOOD[2]))
     assert kept == [GOOD]
@@ -197,11 +246,14 @@ def test_citation_markers_are_cut_out_in_lower_case_only():
     assert kept[0][:2] == ["The bridge was built in 1820  by local masons .", upper]
 
 
-@pytest.mark.parametrize("extra,rule", [
-    ("Lorem ipsum dolor sit amet, consectetur adipiscing elit.", "lorem_ipsum"),
-    ("The function body is { return x; } in this example.", "curly_brace"),
-    ("This sentence contains the word grapefruit somewhere inside.", "bad_words"),
-])
+@pytest.mark.parametrize(
+    "extra,rule",
+    [
+        ("Lorem ipsum dolor sit amet, consectetur adipiscing elit.", "lorem_ipsum"),
+        ("The function body is { return x; } in this example.", "curly_brace"),
+        ("This sentence contains the word grapefruit somewhere inside.", "bad_words"),
+    ],
+)
 def test_page_rules_remove_the_whole_page(extra, rule):
     kept, report = clean(page(*GOOD, extra), bad_words=["grapefruit", "two words"])
     assert kept == [] and report.pages_removed == {rule: 1}
@@ -215,8 +267,10 @@ def test_lorem_ipsum_and_braces_count_only_in_lines_kept_so_far():
 
 def test_bad_words_match_whole_words_and_phrases_only():
     words = ["ass", "two words"]
-    for line, dropped in (("The class passed the assessment with ease.", False),
-                          ("There are Two Words hidden in this line.", True)):
+    for line, dropped in (
+        ("The class passed the assessment with ease.", False),
+        ("There are Two Words hidden in this line.", True),
+    ):
         kept, _ = clean(page(*GOOD, line), bad_words=words)
         assert (kept == []) == dropped
 
@@ -232,30 +286,45 @@ def test_pages_with_fewer_than_three_sentences():
 
 
 def test_language_filter():
-    other = ["Der Fluss fließt jeden Frühling durch die Altstadt.",
-             "Besucher gehen oft bei Sonnenuntergang am Ufer spazieren.",
-             "Haben Sie jemals die Laternen auf dem Wasser gesehen?"]
-    kept, report = clean(page(*GOOD, url="a"), page(*other, url="b"),
-                         language_filter=lambda text: "river" in text)
+    other = [
+        "Der Fluss fließt jeden Frühling durch die Altstadt.",
+        "Besucher gehen oft bei Sonnenuntergang am Ufer spazieren.",
+        "Haben Sie jemals die Laternen auf dem Wasser gesehen?",
+    ]
+    kept, report = clean(
+        page(*GOOD, url="a"), page(*other, url="b"), language_filter=lambda text: "river" in text
+    )
     assert kept == [GOOD] and report.pages_removed == {"language": 1}
 
 
 def test_the_newest_page_of_a_url_is_kept():
     old, new = ["An older version of the page says this first."] + GOOD[1:], GOOD
-    kept, report = clean(page(*old, url="http://www.x.org/a/", timestamp="2019-01-01"),
-                         page(*new, url="https://x.org/a?utm_medium=m", timestamp="2019-02-01"))
+    kept, report = clean(
+        page(*old, url="http://www.x.org/a/", timestamp="2019-01-01"),
+        page(*new, url="https://x.org/a?utm_medium=m", timestamp="2019-02-01"),
+    )
     assert kept == [new] and report.pages_removed == {"duplicate_url": 1}
 
 
 def test_a_repeated_line_stays_in_the_page_whose_url_hashes_smallest():
-    fresh = [["Page one has a sentence of its own here.", "And a second one that is new.",
-              "And a third one to make three."],
-             ["Page two says something different now.", "It also says a second new thing.",
-              "And it finishes with a third."]]
+    fresh = [
+        [
+            "Page one has a sentence of its own here.",
+            "And a second one that is new.",
+            "And a third one to make three.",
+        ],
+        [
+            "Page two says something different now.",
+            "It also says a second new thing.",
+            "And it finishes with a third.",
+        ],
+    ]
     urls = ["https://one.org", "https://two.org"]
     shared = "The SAME line, in any case, appears on both pages."
-    pages = [page(*fresh[0], shared, shared, url=urls[0]),
-             page(*fresh[1], "  " + shared.lower(), url=urls[1])]
+    pages = [
+        page(*fresh[0], shared, shared, url=urls[0]),
+        page(*fresh[1], "  " + shared.lower(), url=urls[1]),
+    ]
     kept, report = clean(*pages)
     # By hand: the owner is the URL with the smaller MD5; it keeps the line once.
     owner = min(range(2), key=lambda i: hashlib.md5(urls[i].encode()).hexdigest())
@@ -284,9 +353,11 @@ def clean_paper(*pages, **kwargs):
 
 
 def test_paper_rules_keep_curly_quotes_and_ellipses_and_cut_any_case_citation():
-    lines = ["She said that the lanterns were beautiful tonight.”",
-             "The river went on and on and then it stopped...",
-             "The bridge was built by local masons [Citation Needed]."]
+    lines = [
+        "She said that the lanterns were beautiful tonight.”",
+        "The river went on and on and then it stopped...",
+        "The bridge was built by local masons [Citation Needed].",
+    ]
     (out,), _ = clean_paper(page(*lines, *GOOD))
     assert out.text.splitlines() == lines[:2] + ["The bridge was built by local masons ."] + GOOD
 
@@ -297,11 +368,12 @@ def test_paper_page_rules_look_at_the_raw_page():
 
 
 def test_three_sentence_spans_are_deduplicated_keeping_the_first():
-    fresh = ["A second page starts with its very own sentence.",
-             "It then goes on to say something else entirely.",
-             "Finally it ends in a completely original way."]
-    (first, second, third), cleaner = clean_paper(page(*GOOD), page(*fresh, *GOOD),
-                                                  page(*GOOD))
+    fresh = [
+        "A second page starts with its very own sentence.",
+        "It then goes on to say something else entirely.",
+        "Finally it ends in a completely original way.",
+    ]
+    (first, second, third), cleaner = clean_paper(page(*GOOD), page(*fresh, *GOOD), page(*GOOD))
     assert first.text.splitlines() == GOOD
     assert second.text.splitlines() == fresh  # the repeated span is gone, the rest stays
     # A page that is nothing but a seen span loses all its sentences, then the page.
@@ -314,25 +386,38 @@ def test_three_sentence_spans_are_deduplicated_keeping_the_first():
 
 # ------------------------------------------------------------------- the command
 def test_command_line_reads_jsonl_and_txt_and_writes_c4_layout(tmp_path, capsys):
-    other = ["A text file holds a page of its own here.", "Its second line is new as well!",
-             "Does its third line end the page?"]
+    other = [
+        "A text file holds a page of its own here.",
+        "Its second line is new as well!",
+        "Does its third line end the page?",
+    ]
     with gzip.open(tmp_path / "crawl.jsonl.gz", "wt") as f:
         f.write(json.dumps({"text": "\n".join(GOOD), "url": "a", "timestamp": "t"}) + "\n")
         f.write(json.dumps({"text": "Some lorem ipsum text is found here."}) + "\n")
     (tmp_path / "page.txt").write_text("\n".join(other + GOOD[:1]) + "\nno punctuation here")
     (tmp_path / "words.txt").write_text("grapefruit\n")
     out = tmp_path / "clean" / "c4-train.00000-of-00001.json.gz"
-    args = ["--input", str(tmp_path / "*.jsonl.gz"), "--input", str(tmp_path / "page.txt"),
-            "--bad_words_file", str(tmp_path / "words.txt")]
+    args = [
+        "--input",
+        str(tmp_path / "*.jsonl.gz"),
+        "--input",
+        str(tmp_path / "page.txt"),
+        "--bad_words_file",
+        str(tmp_path / "words.txt"),
+    ]
     report = c4_clean.main(args + ["--output", str(out)])
     with gzip.open(out, "rt") as f:
         records = [json.loads(l) for l in f]
     txt = str(tmp_path / "page.txt")
     owner = min(["a", txt], key=lambda u: hashlib.md5(u.encode()).hexdigest())
-    assert records == [{"text": "\n".join(GOOD if owner == "a" else GOOD[1:]), "url": "a",
-                        "timestamp": "t"},
-                       {"text": "\n".join(other + (GOOD[:1] if owner == txt else [])),
-                        "url": txt, "timestamp": ""}]
+    assert records == [
+        {"text": "\n".join(GOOD if owner == "a" else GOOD[1:]), "url": "a", "timestamp": "t"},
+        {
+            "text": "\n".join(other + (GOOD[:1] if owner == txt else [])),
+            "url": txt,
+            "timestamp": "",
+        },
+    ]
     assert report.pages_removed == {"lorem_ipsum": 1}
     assert report.lines_removed == {"terminal_punct": 1, "duplicate_line": 1}
     assert "pages removed by lorem_ipsum" in capsys.readouterr().out

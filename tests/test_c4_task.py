@@ -26,14 +26,25 @@ def test_c4_task_yields_packed_batches(tfds_dir, version):
     input_pipeline.check_data_available(task, "train")  # no error: the data is there
     name = f"c4_test_{version.replace('.', '_')}"
     with_offline_vocabulary("c4_v220_span_corruption", name)
-    ds = seqio.get_dataset(name, {"inputs": 512, "targets": 114},
-                           seqio.EncDecFeatureConverter(pack=True), dataset_split="train",
-                           shuffle=False, seed=0, batch_size=2)
+    ds = seqio.get_dataset(
+        name,
+        {"inputs": 512, "targets": 114},
+        seqio.EncDecFeatureConverter(pack=True),
+        dataset_split="train",
+        shuffle=False,
+        seed=0,
+        batch_size=2,
+    )
     batch = next(ds.as_numpy_iterator())
     assert batch["encoder_input_tokens"].shape == (2, 512)
     assert batch["decoder_target_tokens"].shape == (2, 114)
-    for key in ("encoder_segment_ids", "decoder_segment_ids", "decoder_input_tokens",
-                "decoder_loss_weights", "encoder_positions"):
+    for key in (
+        "encoder_segment_ids",
+        "decoder_segment_ids",
+        "decoder_input_tokens",
+        "decoder_loss_weights",
+        "encoder_positions",
+    ):
         assert key in batch
     # Packing: the first row holds a full 512-token example (a 568-token chunk of the
     # concatenated documents), ending in EOS.
@@ -41,8 +52,9 @@ def test_c4_task_yields_packed_batches(tfds_dir, version):
     assert np.sum(batch["encoder_segment_ids"][0] == 1) == 512 and row[-1] == 1
     vocab = seqio.get_mixture_or_task(name).output_features["targets"].vocabulary
     sentinels = row[row >= vocab.vocab_size - 100]
-    assert sentinels.tolist() == list(range(vocab.vocab_size - 1,
-                                            vocab.vocab_size - 1 - len(sentinels), -1))
+    assert sentinels.tolist() == list(
+        range(vocab.vocab_size - 1, vocab.vocab_size - 1 - len(sentinels), -1)
+    )
     assert "river" in vocab.decode(row.tolist())
 
 

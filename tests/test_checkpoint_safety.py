@@ -15,11 +15,18 @@ from tests.test_train import TINY_RUN
 
 
 def _run(model_dir, steps, *extra):
-    return train.main(["--gin_file=gin_configs/runs/quickstart.gin"]
-                      + [f"--gin.{b}" for b in TINY_RUN]
-                      + [f"--gin.MODEL_DIR={model_dir}", f"--gin.TRAIN_STEPS={steps}",
-                         "--gin.train.eval_every=0", "--gin.train.num_predictions=0",
-                         "--gin.train.checkpoint_every=2", *extra])
+    return train.main(
+        ["--gin_file=gin_configs/runs/quickstart.gin"]
+        + [f"--gin.{b}" for b in TINY_RUN]
+        + [
+            f"--gin.MODEL_DIR={model_dir}",
+            f"--gin.TRAIN_STEPS={steps}",
+            "--gin.train.eval_every=0",
+            "--gin.train.num_predictions=0",
+            "--gin.train.checkpoint_every=2",
+            *extra,
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +56,11 @@ def test_an_interrupted_save_is_ignored_reported_and_removed(finished_run, tmp_p
     os.rename(checkpoints / "4", checkpoints / "4.orbax-checkpoint-tmp-1796097000")
     assert _run(model_dir, 5) == 0
     out = capsys.readouterr().out
-    assert ("Ignoring 4.orbax-checkpoint-tmp-1796097000" in out
-            and "interrupted before it completed" in out
-            and "Resuming from step 2, the newest complete checkpoint." in out)
+    assert (
+        "Ignoring 4.orbax-checkpoint-tmp-1796097000" in out
+        and "interrupted before it completed" in out
+        and "Resuming from step 2, the newest complete checkpoint." in out
+    )
     assert "Resumed from the checkpoint at step 2" in out
     left = os.listdir(checkpoints)
     assert "5" in left and not any("tmp" in name for name in left), left
@@ -67,10 +76,20 @@ def _flip_bytes(path, count=8):
         f.write(data)
 
 
-@pytest.mark.parametrize("damage", ["truncated", "missing", "garbled config", "flipped params",
-                                    "flipped opt_state", "garbage manifest"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "truncated",
+        "missing",
+        "garbled config",
+        "flipped params",
+        "flipped opt_state",
+        "garbage manifest",
+    ],
+)
 def test_a_damaged_checkpoint_is_an_error_naming_the_step_and_the_file(
-        damage, finished_run, tmp_path, capsys):
+    damage, finished_run, tmp_path, capsys
+):
     model_dir = _copy(finished_run, tmp_path)
     step_dir = model_dir / "checkpoints" / "4"
     config_gin = (model_dir / "config.gin").read_text()
@@ -89,10 +108,15 @@ def test_a_damaged_checkpoint_is_an_error_naming_the_step_and_the_file(
             f.write("not json {")
         why = "the manifest is not readable"
     else:  # same size, other bytes: only the checksum can tell
-        item = {"garbled config": "config", "flipped params": "params",
-                "flipped opt_state": "opt_state"}[damage]
-        victim = max((p for p in glob.glob(f"{step_dir}/{item}/**/*", recursive=True)
-                      if os.path.isfile(p)), key=os.path.getsize)
+        item = {
+            "garbled config": "config",
+            "flipped params": "params",
+            "flipped opt_state": "opt_state",
+        }[damage]
+        victim = max(
+            (p for p in glob.glob(f"{step_dir}/{item}/**/*", recursive=True) if os.path.isfile(p)),
+            key=os.path.getsize,
+        )
         _flip_bytes(victim)
         why = "CRC-32 mismatch"
     assert _run(model_dir, 6) == 2
@@ -112,9 +136,12 @@ def test_every_committed_step_carries_its_manifest_with_checksums(finished_run):
 
     step_dir = finished_run / "checkpoints" / "4"
     files = json.loads((step_dir / "t5x_like_manifest.json").read_text())["files"]
-    on_disk = {os.path.relpath(p, step_dir) for p in glob.glob(f"{step_dir}/**/*", recursive=True)
-               if os.path.isfile(p)
-               and os.path.basename(p) not in ("_CHECKPOINT_METADATA", "commit_success.txt")}
+    on_disk = {
+        os.path.relpath(p, step_dir)
+        for p in glob.glob(f"{step_dir}/**/*", recursive=True)
+        if os.path.isfile(p)
+        and os.path.basename(p) not in ("_CHECKPOINT_METADATA", "commit_success.txt")
+    }
     assert set(files) == on_disk - {"t5x_like_manifest.json"}
     for name, entry in files.items():
         data = (step_dir / name).read_bytes()
@@ -123,7 +150,8 @@ def test_every_committed_step_carries_its_manifest_with_checksums(finished_run):
 
 @pytest.mark.slow  # a training run
 def test_a_step_without_manifest_is_not_trusted_and_the_run_resumes_before_it(
-        finished_run, tmp_path, capsys):
+    finished_run, tmp_path, capsys
+):
     """What older versions left when killed between a commit and its manifest."""
     model_dir = _copy(finished_run, tmp_path)
     os.remove(model_dir / "checkpoints" / "4" / "t5x_like_manifest.json")
@@ -155,15 +183,27 @@ def test_kill_9_in_the_middle_of_a_save_then_rerun_resumes_from_a_complete_step(
     checkpoints = model_dir / "checkpoints"
 
     def command(steps):
-        return [sys.executable, "-m", "t5x_like.train",
-                "--gin_file=gin_configs/runs/quickstart.gin"] + [
-            f"--gin.{b}" for b in TINY_RUN + [
-                f"MODEL_DIR={model_dir}", f"TRAIN_STEPS={steps}", "train.eval_every=0",
-                "train.num_predictions=0", "train.checkpoint_every=1",
-                "train.keep_checkpoints=3"]]
+        return [
+            sys.executable,
+            "-m",
+            "t5x_like.train",
+            "--gin_file=gin_configs/runs/quickstart.gin",
+        ] + [
+            f"--gin.{b}"
+            for b in TINY_RUN
+            + [
+                f"MODEL_DIR={model_dir}",
+                f"TRAIN_STEPS={steps}",
+                "train.eval_every=0",
+                "train.num_predictions=0",
+                "train.checkpoint_every=1",
+                "train.keep_checkpoints=3",
+            ]
+        ]
 
-    proc = subprocess.Popen(command(100_000), cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        command(100_000), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     caught = None
     try:
         deadline = time.time() + 300
@@ -182,7 +222,9 @@ def test_kill_9_in_the_middle_of_a_save_then_rerun_resumes_from_a_complete_step(
     assert half_written, f"the save finished before the kill landed ({left}); rerun the test"
     newest = max(int(n) for n in left if n.isdigit())
     assert (checkpoints / str(newest) / "t5x_like_manifest.json").exists()
-    rerun = subprocess.run(command(newest + 1), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    rerun = subprocess.run(
+        command(newest + 1), cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"Ignoring {half_written[0]}" in rerun.stdout
     assert f"Resumed from the checkpoint at step {newest}" in rerun.stdout

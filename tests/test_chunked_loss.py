@@ -20,8 +20,10 @@ VOCAB = 97
 
 def _assert_trees_close(a, b, rtol=2e-5, atol=2e-6):
     jax.tree_util.tree_map(
-        lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol,
-                                                atol=atol), a, b)
+        lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol),
+        a,
+        b,
+    )
 
 
 @pytest.mark.parametrize("chunk_length", [1, 3, 5, 8])
@@ -37,12 +39,16 @@ def test_chunked_sums_and_gradients_equal_the_plain_loss(chunk_length):
         return losses.loss_sums(h @ k, targets, weights, **options)
 
     def chunked(h, k):
-        return losses.chunked_loss_sums(lambda x: x @ k, h, targets, weights, chunk_length,
-                                        **options)
+        return losses.chunked_loss_sums(
+            lambda x: x @ k, h, targets, weights, chunk_length, **options
+        )
 
     _assert_trees_close(jax.jit(chunked)(hidden, kernel), jax.jit(plain)(hidden, kernel))
-    objective = lambda fn: jax.jit(jax.grad(  # noqa: E731
-        lambda h, k: fn(h, k)["loss_sum"], argnums=(0, 1)))
+    objective = lambda fn: jax.jit(
+        jax.grad(  # noqa: E731
+            lambda h, k: fn(h, k)["loss_sum"], argnums=(0, 1)
+        )
+    )
     _assert_trees_close(objective(chunked)(hidden, kernel), objective(plain)(hidden, kernel))
 
 
@@ -52,24 +58,41 @@ def _t5_batch(batch=2, inputs=6, targets=8):
     dec_targets[1, 5:] = 0  # padding
     return {
         "encoder_input_tokens": jnp.asarray(rng.integers(2, VOCAB, (batch, inputs)), jnp.int32),
-        "decoder_input_tokens": jnp.asarray(np.concatenate(
-            [np.zeros((batch, 1), np.int32), dec_targets[:, :-1]], axis=1)),
+        "decoder_input_tokens": jnp.asarray(
+            np.concatenate([np.zeros((batch, 1), np.int32), dec_targets[:, :-1]], axis=1)
+        ),
         "decoder_target_tokens": jnp.asarray(dec_targets),
         "decoder_loss_weights": jnp.asarray(dec_targets > 0, jnp.float32),
     }
 
 
 def _t5(tied: bool, chunk: int | None) -> EncoderDecoderModel:
-    cfg = t5.T5Config(vocab_size=VOCAB, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32,
-                      num_encoder_layers=1, num_decoder_layers=2, logits_via_embedding=tied,
-                      mlp_activations=("gelu", "linear"), dropout_rate=0.0)
+    cfg = t5.T5Config(
+        vocab_size=VOCAB,
+        emb_dim=16,
+        num_heads=2,
+        head_dim=8,
+        mlp_dim=32,
+        num_encoder_layers=1,
+        num_decoder_layers=2,
+        logits_via_embedding=tied,
+        mlp_activations=("gelu", "linear"),
+        dropout_rate=0.0,
+    )
     return EncoderDecoderModel(cfg, label_smoothing=0.1, z_loss=1e-4, loss_chunk_length=chunk)
 
 
 def _gpt(chunk: int | None) -> DecoderOnlyModel:
-    cfg = GPTConfig(vocab_size=VOCAB, hidden_size=16, num_layers=2, num_heads=2,
-                    intermediate_size=32, max_position_embeddings=16, dropout_rate=0.0,
-                    attention_dropout_rate=0.0)
+    cfg = GPTConfig(
+        vocab_size=VOCAB,
+        hidden_size=16,
+        num_layers=2,
+        num_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=16,
+        dropout_rate=0.0,
+        attention_dropout_rate=0.0,
+    )
     return DecoderOnlyModel(cfg, loss_chunk_length=chunk)
 
 
@@ -90,8 +113,11 @@ def test_models_train_on_the_same_loss_and_gradients_with_a_chunked_loss(case):
     make, make_batch = CASES[case]
     batch = make_batch()
     plain, chunked = make(None), make(3)  # 3 does not divide the 8 target positions
-    params = unbox(plain.init(jax.random.key(1)) if case == "decoder_only"
-                   else plain.init(jax.random.key(1), 6, 8))
+    params = unbox(
+        plain.init(jax.random.key(1))
+        if case == "decoder_only"
+        else plain.init(jax.random.key(1), 6, 8)
+    )
 
     def value_and_grad(model):
         def loss_fn(p):  # what trainer.make_train_step differentiates

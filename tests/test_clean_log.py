@@ -22,8 +22,15 @@ from tests.test_train import TINY_RUN
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What each unwanted line contains (the texts as TensorFlow, seqio and orbax print them).
-NOISE = ("cuInit", "oneDNN", "TensorFlow binary is optimized", "uncached",
-         "Could not find cuda drivers", "absl::InitializeLog", "Type handler registry")
+NOISE = (
+    "cuInit",
+    "oneDNN",
+    "TensorFlow binary is optimized",
+    "uncached",
+    "Could not find cuda drivers",
+    "absl::InitializeLog",
+    "Type handler registry",
+)
 # "2026-12-03 17:40:01  " - the documented format, written out by hand.
 HAND_STAMP = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}  ")
 
@@ -35,7 +42,8 @@ def test_stamped_puts_the_local_time_before_every_line(monkeypatch):
     try:
         # 1796319611 s after the epoch is 2026-12-03 17:40:11 UTC (`date -u -d @1796319611`).
         assert logs.stamped("step 1  loss 8.2\ntable row", when=1796319611) == (
-            "2026-12-03 17:40:11  step 1  loss 8.2\n2026-12-03 17:40:11  table row")
+            "2026-12-03 17:40:11  step 1  loss 8.2\n2026-12-03 17:40:11  table row"
+        )
     finally:
         monkeypatch.delenv("TZ")
         time.tzset()
@@ -57,17 +65,24 @@ def test_absl_notices_are_dropped_and_other_warnings_kept(caplog):
         # seqio/dataset_providers.py's and orbax's texts, word for word.
         absl_logging.warning(
             "Using an uncached FunctionDataset for training is not recommended since it "
-            "often results in insufficient shuffling on restarts, resulting in overfitting.")
-        absl_logging.warning('Type handler registry type "%s" overriding %s',
-                             "<class 'jax.jaxlib._jax.Array'>", "jax.Array")
+            "often results in insufficient shuffling on restarts, resulting in overfitting."
+        )
+        absl_logging.warning(
+            'Type handler registry type "%s" overriding %s',
+            "<class 'jax.jaxlib._jax.Array'>",
+            "jax.Array",
+        )
         absl_logging.warning("Checkpoint directory is on a slow disk")
     assert [r.getMessage() for r in caplog.records] == ["Checkpoint directory is on a slow disk"]
 
 
 def test_native_stderr_filter_drops_only_the_matched_lines(capfd):
     with host_runtime.native_stderr_without(lambda line: "oneDNN" in line):
-        os.write(2, b"I0000 00:00:1.0  7 port.cc:153] oneDNN custom operations are on.\n"
-                    b"E0000 00:00:1.0  7 file.cc:1] a real error\n")
+        os.write(
+            2,
+            b"I0000 00:00:1.0  7 port.cc:153] oneDNN custom operations are on.\n"
+            b"E0000 00:00:1.0  7 file.cc:1] a real error\n",
+        )
     assert capfd.readouterr().err == "E0000 00:00:1.0  7 file.cc:1] a real error\n"
 
 
@@ -80,13 +95,15 @@ def test_tensorflow_startup_lines_follow_tf_cpp_min_log_level(monkeypatch):
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
     assert host_runtime._tf_startup_noise(info) and not host_runtime._tf_startup_noise(error)
     assert host_runtime._tf_startup_noise(
-        "WARNING: All log messages before absl::InitializeLog() is called are written to "
-        "STDERR\n")
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+    )
 
 
 def test_cuinit_error_is_kept_on_a_host_with_an_nvidia_device(monkeypatch):
-    line = ("E0000 00:00:1796319615.012979   32318 cuda_platform.cc:52] failed call to "
-            "cuInit: INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)\n")
+    line = (
+        "E0000 00:00:1796319615.012979   32318 cuda_platform.cc:52] failed call to "
+        "cuInit: INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)\n"
+    )
     monkeypatch.setattr(host_runtime, "has_nvidia_device", lambda: True)
     assert not host_runtime._no_gpu_host_noise(line)
     monkeypatch.setattr(host_runtime, "has_nvidia_device", lambda: False)
@@ -109,25 +126,38 @@ def test_orbax_writer_thread_failures_lose_their_traceback_not_their_line(caplog
     from absl import logging as absl_logging
 
     host_runtime.quiet_library_logs()
-    error = _raised("raise ValueError('RESOURCE_EXHAUSTED: Failed writing: No space left')",
-                    os.path.join(os.sep, "site-packages", "orbax", "checkpoint", "future.py"))
+    error = _raised(
+        "raise ValueError('RESOURCE_EXHAUSTED: Failed writing: No space left')",
+        os.path.join(os.sep, "site-packages", "orbax", "checkpoint", "future.py"),
+    )
     ours = _raised("raise ValueError('a failure of our own')", __file__)
     with caplog.at_level(logging.ERROR):
         absl_logging.get_absl_logger().error(
-            "_SignalingThread.run() raised an exception: %s\nmore", error,
-            exc_info=(type(error), error, error.__traceback__))
-        logging.getLogger("asyncio").error("Task exception was never retrieved\nfuture: ...",
-                                           exc_info=(type(error), error, error.__traceback__))
-        absl_logging.get_absl_logger().error("our own failure",
-                                             exc_info=(type(ours), ours, ours.__traceback__))
-        logging.getLogger("asyncio").error("Task exception was never retrieved",
-                                           exc_info=(type(ours), ours, ours.__traceback__))
+            "_SignalingThread.run() raised an exception: %s\nmore",
+            error,
+            exc_info=(type(error), error, error.__traceback__),
+        )
+        logging.getLogger("asyncio").error(
+            "Task exception was never retrieved\nfuture: ...",
+            exc_info=(type(error), error, error.__traceback__),
+        )
+        absl_logging.get_absl_logger().error(
+            "our own failure", exc_info=(type(ours), ours, ours.__traceback__)
+        )
+        logging.getLogger("asyncio").error(
+            "Task exception was never retrieved", exc_info=(type(ours), ours, ours.__traceback__)
+        )
     kept = [(r.name, r.getMessage(), r.exc_info is not None) for r in caplog.records]
     assert kept == [
-        ("absl", "_SignalingThread.run() raised an exception: RESOURCE_EXHAUSTED: Failed "
-                 "writing: No space left", False),
+        (
+            "absl",
+            "_SignalingThread.run() raised an exception: RESOURCE_EXHAUSTED: Failed "
+            "writing: No space left",
+            False,
+        ),
         ("absl", "our own failure", True),
-        ("asyncio", "Task exception was never retrieved", True)]
+        ("asyncio", "Task exception was never retrieved", True),
+    ]
 
 
 def test_callbacks_into_a_closed_event_loop_are_not_reported(monkeypatch):
@@ -147,9 +177,15 @@ def test_callbacks_into_a_closed_event_loop_are_not_reported(monkeypatch):
         closed = e
     other = RuntimeError("Event loop is closed")  # the same text, not from asyncio's check
     for error in (closed, other):
-        sys.unraisablehook(types.SimpleNamespace(
-            exc_type=RuntimeError, exc_value=error, exc_traceback=error.__traceback__,
-            err_msg=None, object=None))
+        sys.unraisablehook(
+            types.SimpleNamespace(
+                exc_type=RuntimeError,
+                exc_value=error,
+                exc_traceback=error.__traceback__,
+                err_msg=None,
+                object=None,
+            )
+        )
     assert [u.exc_value for u in reported] == [other]
 
 
@@ -165,8 +201,16 @@ def test_eval_predict_shows_a_bar_with_count_and_rate(capsys):
         return np.full((n, 2), 5), np.zeros(n)
 
     examples = [{"inputs": np.array([3, 4, 1])} for _ in range(5)]
-    out = evaluation.predict(predict_fn, None, examples, _Vocab(), batch_size=2,
-                             inputs_length=4, progress="eval toy", total=5)
+    out = evaluation.predict(
+        predict_fn,
+        None,
+        examples,
+        _Vocab(),
+        batch_size=2,
+        inputs_length=4,
+        progress="eval toy",
+        total=5,
+    )
     assert len(out) == 5
     err = capsys.readouterr().err
     # tqdm's bar: "eval toy: 100%|####| 5/5 [00:00<00:00, 812.3ex/s]" (elapsed<ETA, rate).
@@ -176,18 +220,22 @@ def test_eval_predict_shows_a_bar_with_count_and_rate(capsys):
 def test_c4_clean_shows_bytes_read_with_eta(tmp_path, capsys):
     from t5x_like.data import c4_clean
 
-    page = ["This is a page about gardens and the plants in them.",
-            "It has a second sentence that is also long enough here.",
-            "And a third sentence closes the page for the cleaner."]
+    page = [
+        "This is a page about gardens and the plants in them.",
+        "It has a second sentence that is also long enough here.",
+        "And a third sentence closes the page for the cleaner.",
+    ]
     with gzip.open(tmp_path / "crawl.jsonl.gz", "wt") as f:
         for i in range(3):
             f.write(json.dumps({"text": "\n".join(page), "url": f"u{i}"}) + "\n")
-    c4_clean.main(["--input", str(tmp_path / "crawl.jsonl.gz"),
-                   "--output", str(tmp_path / "out.json.gz")])
+    c4_clean.main(
+        ["--input", str(tmp_path / "crawl.jsonl.gz"), "--output", str(tmp_path / "out.json.gz")]
+    )
     captured = capsys.readouterr()
     size = os.path.getsize(tmp_path / "crawl.jsonl.gz")
-    assert re.search(rf"c4_clean read: 100%\|.*\| {size}/{size} \[\d\d:\d\d<\d\d:\d\d, ",
-                     captured.err), captured.err
+    assert re.search(
+        rf"c4_clean read: 100%\|.*\| {size}/{size} \[\d\d:\d\d<\d\d:\d\d, ", captured.err
+    ), captured.err
     assert all(HAND_STAMP.match(line) for line in captured.out.splitlines() if line)
 
 
@@ -196,13 +244,17 @@ def test_wordpiece_shows_bytes_counted_with_eta(tmp_path, capsys):
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the cat sat on the mat\nthe dog ran far away\n" * 50)
-    wordpiece.main(["--input", str(corpus), "--output", str(tmp_path / "vocab.txt"),
-                    "--vocab_size", "50"])
+    wordpiece.main(
+        ["--input", str(corpus), "--output", str(tmp_path / "vocab.txt"), "--vocab_size", "50"]
+    )
     captured = capsys.readouterr()
     size = os.path.getsize(corpus)  # below 1 KiB, so tqdm writes the count unscaled
     assert size < 1024 * 10
-    assert re.search(r"wordpiece count words: 100%\|.*\| [\d.]+k?/[\d.]+k? "
-                     r"\[\d\d:\d\d<\d\d:\d\d, ", captured.err), captured.err
+    assert re.search(
+        r"wordpiece count words: 100%\|.*\| [\d.]+k?/[\d.]+k? "
+        r"\[\d\d:\d\d<\d\d:\d\d, ",
+        captured.err,
+    ), captured.err
     assert HAND_STAMP.match(captured.out) and "pieces to" in captured.out
 
 
@@ -222,8 +274,9 @@ def test_convert_shows_bytes_read_with_eta_and_says_what_it_writes(tmp_path, cap
     stored = 4 * params
     shown = tqdm.format_sizeof(stored, divisor=1024)  # as tqdm writes a count in B
     count = re.escape(f"{shown}/{shown}")
-    assert re.search(rf"convert read: 100%\|.*\| {count} \[\d\d:\d\d<\d\d:\d\d, .*B/s\]",
-                     captured.err), (shown, captured.err)
+    assert re.search(
+        rf"convert read: 100%\|.*\| {count} \[\d\d:\d\d<\d\d:\d\d, .*B/s\]", captured.err
+    ), (shown, captured.err)
     out = captured.out.splitlines()
     assert all(HAND_STAMP.match(line) for line in out), out
     assert any(f"Writing {tmp_path / 'ckpt'}: {params:,} parameters" in line for line in out)
@@ -236,22 +289,33 @@ def tiny_run_log(tmp_path_factory):
     """stdout+stderr of a 2-step CPU training run, started as a user would (TF_CPP_MIN_LOG_LEVEL
     unset: the package's default must do)."""
     model_dir = tmp_path_factory.mktemp("clean_log") / "run"
-    bindings = TINY_RUN + [f"MODEL_DIR={model_dir}", "TRAIN_STEPS=2", "train.log_every=1",
-                           "train.eval_every=0", "train.num_predictions=0"]
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("TF_CPP_MIN_LOG_LEVEL", "JAX_PLATFORMS")}
+    bindings = TINY_RUN + [
+        f"MODEL_DIR={model_dir}",
+        "TRAIN_STEPS=2",
+        "train.log_every=1",
+        "train.eval_every=0",
+        "train.num_predictions=0",
+    ]
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "JAX_PLATFORMS")
+    }
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     done = subprocess.run(
         [sys.executable, "-m", "t5x_like.train", "--gin_file=gin_configs/runs/quickstart.gin"]
-        + [f"--gin.{b}" for b in bindings], cwd=ROOT, env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=240)
+        + [f"--gin.{b}" for b in bindings],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stdout[-3000:]
     return done.stdout
 
 
 def test_cpu_run_prints_no_library_notices(tiny_run_log):
-    found = [(word, line) for line in tiny_run_log.splitlines() for word in NOISE
-             if word in line]
+    found = [(word, line) for line in tiny_run_log.splitlines() for word in NOISE if word in line]
     assert not found, found
 
 

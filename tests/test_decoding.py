@@ -17,12 +17,14 @@ PAD, EOS, A, B = 0, 1, 2, 3
 # Greedy takes A (0.55) and then A again and again, never ending; the best sequence starts
 # with the less likely B and ends at once (0.45 * 0.9 = 0.405); the second best is
 # A B EOS (0.55 * 0.35 * 0.9 = 0.173), just ahead of A EOS (0.165).
-BIGRAM = np.array([
-    [1e-9, 1e-9, 0.55, 0.45],   # after start
-    [0.25, 0.25, 0.25, 0.25],   # after EOS (never used)
-    [1e-9, 0.30, 0.35, 0.35],   # after A
-    [1e-9, 0.90, 0.05, 0.05],   # after B
-])
+BIGRAM = np.array(
+    [
+        [1e-9, 1e-9, 0.55, 0.45],  # after start
+        [0.25, 0.25, 0.25, 0.25],  # after EOS (never used)
+        [1e-9, 0.30, 0.35, 0.35],  # after A
+        [1e-9, 0.90, 0.05, 0.05],  # after B
+    ]
+)
 LOG_BIGRAM = jnp.log(jnp.asarray(BIGRAM / BIGRAM.sum(1, keepdims=True), jnp.float32))
 
 
@@ -70,8 +72,9 @@ def test_sampling_frequencies_follow_temperature_top_k_and_top_p():
         return jnp.broadcast_to(logits, (tokens.shape[0], 1, 4)), cache
 
     def freqs(**kwargs):
-        tokens, _ = decoding.sample_decode(step, None, n, 1, jax.random.key(0),
-                                           eos_id=None, **kwargs)
+        tokens, _ = decoding.sample_decode(
+            step, None, n, 1, jax.random.key(0), eos_id=None, **kwargs
+        )
         return np.bincount(np.asarray(tokens[:, 0]), minlength=4) / n
 
     np.testing.assert_allclose(freqs(), [0.5, 0.3, 0.15, 0.05], atol=0.012)
@@ -80,14 +83,22 @@ def test_sampling_frequencies_follow_temperature_top_k_and_top_p():
     np.testing.assert_allclose(freqs(top_k=2), [0.625, 0.375, 0, 0], atol=0.012)
     # Nucleus 0.6: keep tokens while the mass before them is < 0.6 -> the first two.
     np.testing.assert_allclose(freqs(top_p=0.6), [0.625, 0.375, 0, 0], atol=0.012)
-    np.testing.assert_allclose(freqs(top_p=0.9), np.array([.5, .3, .15, 0]) / .95, atol=0.012)
+    np.testing.assert_allclose(freqs(top_p=0.9), np.array([0.5, 0.3, 0.15, 0]) / 0.95, atol=0.012)
     assert freqs(temperature=0.0).tolist() == [1.0, 0, 0, 0]
 
 
 # --------------------------------------------------------------------------- real T5
 def _model():
-    cfg = t5.T5Config(vocab_size=6, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=48,
-                      num_encoder_layers=2, num_decoder_layers=2, dropout_rate=0.0)
+    cfg = t5.T5Config(
+        vocab_size=6,
+        emb_dim=32,
+        num_heads=4,
+        head_dim=8,
+        mlp_dim=48,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        dropout_rate=0.0,
+    )
     return EncoderDecoderModel(cfg)
 
 
@@ -106,9 +117,19 @@ def _teacher_forced(model, params, inputs, seqs, adjust=lambda logits: logits):
     """Sum of each row's token log-probabilities up to and including its first EOS, from one
     full (uncached) forward pass; pad ids inside a sequence count like any token."""
     seqs = np.asarray(seqs)
-    log_probs = np.asarray(jax.nn.log_softmax(adjust(model.logits(
-        params, {"encoder_input_tokens": inputs,
-                 "decoder_input_tokens": shift_right(jnp.asarray(seqs))}))))
+    log_probs = np.asarray(
+        jax.nn.log_softmax(
+            adjust(
+                model.logits(
+                    params,
+                    {
+                        "encoder_input_tokens": inputs,
+                        "decoder_input_tokens": shift_right(jnp.asarray(seqs)),
+                    },
+                )
+            )
+        )
+    )
     totals, lengths = [], []
     for row, ids in enumerate(seqs.tolist()):
         end = ids.index(EOS) + 1 if EOS in ids else len(ids)
@@ -118,8 +139,9 @@ def _teacher_forced(model, params, inputs, seqs, adjust=lambda logits: logits):
 
 
 def _decode(model, params, config, length=8, **kwargs):
-    fn = jax.jit(lambda p, b: model.predict_batch(p, b, length, return_scores=True,
-                                                  decode=config, **kwargs))
+    fn = jax.jit(
+        lambda p, b: model.predict_batch(p, b, length, return_scores=True, decode=config, **kwargs)
+    )
     return jax.device_get(fn(params, _inputs()))
 
 
@@ -145,12 +167,18 @@ def test_beam_scores_equal_teacher_forced_scores(t5_model):
 
     def run(params, inputs):
         big_inputs, encoded = decoding.repeat_for_beams(
-            (inputs, model.module.apply({"params": params}, inputs,
-                                        method=t5.Transformer.encode)), k)
+            (inputs, model.module.apply({"params": params}, inputs, method=t5.Transformer.encode)),
+            k,
+        )
         step = model.decode_step_fn(params, encoded, big_inputs, length)
-        return decoding.beam_search(lambda t, c: (lambda l, c2: (no_pad(l), c2))(*step(t, c)),
-                                    model.init_cache(params, big_inputs, length), 3, k,
-                                    length, alpha)
+        return decoding.beam_search(
+            lambda t, c: (lambda l, c2: (no_pad(l), c2))(*step(t, c)),
+            model.init_cache(params, big_inputs, length),
+            3,
+            k,
+            length,
+            alpha,
+        )
 
     beams, scores = jax.device_get(jax.jit(run)(params, inputs))
     assert beams.shape == (3, k, length) and np.all(np.diff(scores, axis=1) <= 1e-6)

@@ -11,8 +11,16 @@ from t5x_like.models import t5
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
 from tests.test_chunked_loss import VOCAB, _t5_batch
 
-CONFIG = t5.T5Config(vocab_size=VOCAB, emb_dim=32, num_heads=2, head_dim=8, mlp_dim=64,
-                     num_encoder_layers=2, num_decoder_layers=2, dropout_rate=0.0)
+CONFIG = t5.T5Config(
+    vocab_size=VOCAB,
+    emb_dim=32,
+    num_heads=2,
+    head_dim=8,
+    mlp_dim=64,
+    num_encoder_layers=2,
+    num_decoder_layers=2,
+    dropout_rate=0.0,
+)
 
 
 def compile_tiny_t5_step(num_microbatches: int = 1):
@@ -25,7 +33,8 @@ def compile_tiny_t5_step(num_microbatches: int = 1):
     layout = trainer.make_layout(model, optimizer, mesh, rules)
     state = trainer.init_state(model, optimizer, jax.random.key(0), layout)
     batch = partitioning.global_batch(
-        {k: np.asarray(v) for k, v in _t5_batch(batch=4).items()}, mesh, rules)
+        {k: np.asarray(v) for k, v in _t5_batch(batch=4).items()}, mesh, rules
+    )
     step = trainer.make_train_step(model, optimizer, lr, layout, num_microbatches)
     with layout.context():
         return state, batch, step.lower(state, batch, jax.random.key(1)).compile()

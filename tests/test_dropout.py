@@ -37,15 +37,20 @@ class Stack(nn.Module):
     @nn.compact
     def __call__(self, x, mask, deterministic):
         for i in range(self.depth):
-            x = x + self.attention(HEADS, HEAD_DIM, dropout_rate=RATE, dtype=self.dtype,
-                                   float32_logits=False, name=f"layer_{i}")(
-                x, x, mask, deterministic=deterministic)
+            x = x + self.attention(
+                HEADS,
+                HEAD_DIM,
+                dropout_rate=RATE,
+                dtype=self.dtype,
+                float32_logits=False,
+                name=f"layer_{i}",
+            )(x, x, mask, deterministic=deterministic)
         return x
 
 
 def _inputs(length, dtype=jnp.float32):
     x = jax.random.normal(jax.random.key(1), (2, length, HEADS * HEAD_DIM), dtype)
-    tokens = jnp.ones((2, length), jnp.int32).at[1, length // 2:].set(0)  # a padded row
+    tokens = jnp.ones((2, length), jnp.int32).at[1, length // 2 :].set(0)  # a padded row
     mask = (tokens[:, None, :, None] > 0) & (tokens[:, None, None, :] > 0)
     return x, mask
 
@@ -53,7 +58,8 @@ def _inputs(length, dtype=jnp.float32):
 def _loss_and_grads(module, params, x, mask, deterministic=False):
     def loss(p, x):
         out = module.apply(p, x, mask, deterministic, rngs={"dropout": jax.random.key(5)})
-        return jnp.sum(out ** 2), out
+        return jnp.sum(out**2), out
+
     return jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(params, x)
 
 
@@ -69,8 +75,8 @@ def test_values_and_gradients_equal_flax_dropout():
         (ref_loss, ref_out), ref_grads = _loss_and_grads(reference, params, x, mask)
         np.testing.assert_allclose(out, ref_out, rtol=1e-12, atol=1e-12)
         jax.tree_util.tree_map(
-            lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-11),
-            grads, ref_grads)
+            lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-11), grads, ref_grads
+        )
         # Dropout is on, and the padded row's masked weights are in the comparison.
         (_, plain), _ = _loss_and_grads(ours, params, x, mask, deterministic=True)
         assert np.abs(np.asarray(plain) - np.asarray(out)).max() > 1e-3
@@ -102,13 +108,16 @@ def test_dropout_adds_no_per_layer_memory_to_the_backward_pass():
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-@pytest.mark.parametrize("shape,broadcast_dims", [
-    ((3, 5, 16), ()),        # BERT's and GPT's hidden states
-    ((3, 5, 13), ()),        # a last axis that is not a multiple of 8 (padded when packed)
-    ((3, 5, 16), (-2,)),     # T5's: one mask for every position of a row
-    ((4, 6, 4), (-1,)),      # broadcast over the last axis: not packed
-    ((4, 7), (0,)),
-])
+@pytest.mark.parametrize(
+    "shape,broadcast_dims",
+    [
+        ((3, 5, 16), ()),  # BERT's and GPT's hidden states
+        ((3, 5, 13), ()),  # a last axis that is not a multiple of 8 (padded when packed)
+        ((3, 5, 16), (-2,)),  # T5's: one mask for every position of a row
+        ((4, 6, 4), (-1,)),  # broadcast over the last axis: not packed
+        ((4, 7), (0,)),
+    ],
+)
 def test_hidden_dropout_equals_flax_dropout_exactly(shape, broadcast_dims, dtype):
     """Same stream, same mask, same arithmetic: equal bit for bit, values and gradients (the
     loss is a polynomial, so its gradient involves no summation whose order could differ)."""
@@ -122,12 +131,10 @@ def test_hidden_dropout_equals_flax_dropout_exactly(shape, broadcast_dims, dtype
     ours = layers.Dropout(0.3, broadcast_dims=broadcast_dims)
     theirs = nn.Dropout(0.3, broadcast_dims=broadcast_dims)
     (_, y), grad = jax.jit(jax.value_and_grad(lambda x: loss(ours, x), has_aux=True))(x)
-    (_, ref_y), ref_grad = jax.jit(jax.value_and_grad(lambda x: loss(theirs, x),
-                                                      has_aux=True))(x)
+    (_, ref_y), ref_grad = jax.jit(jax.value_and_grad(lambda x: loss(theirs, x), has_aux=True))(x)
     assert y.dtype == grad.dtype == dtype
     np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(ref_y, np.float32))
-    np.testing.assert_array_equal(np.asarray(grad, np.float32),
-                                  np.asarray(ref_grad, np.float32))
+    np.testing.assert_array_equal(np.asarray(grad, np.float32), np.asarray(ref_grad, np.float32))
     assert 0 < float(jnp.mean(y == 0)) < 1  # some dropped, some kept
 
 
@@ -136,8 +143,9 @@ def test_hidden_dropout_edge_rates_and_inference():
     rngs = {"dropout": jax.random.key(0)}
     assert jnp.array_equal(layers.Dropout(0.5).apply({}, x, deterministic=True), x)
     assert jnp.array_equal(layers.Dropout(0.0).apply({}, x, deterministic=False), x)
-    grad = jax.grad(lambda x: jnp.sum(layers.Dropout(1.0).apply(
-        {}, x, deterministic=False, rngs=rngs)))(x)
+    grad = jax.grad(
+        lambda x: jnp.sum(layers.Dropout(1.0).apply({}, x, deterministic=False, rngs=rngs))
+    )(x)
     assert jnp.array_equal(grad, jnp.zeros_like(x))  # finite: no 1 / 0 keep probability
 
 
@@ -172,7 +180,7 @@ def _hidden_temp_bytes_per_layer(dropout, deterministic, x):
 
         def loss(p, x):
             out = stack.apply(p, x, deterministic, rngs={"dropout": jax.random.key(5)})
-            return jnp.sum(out ** 2)
+            return jnp.sum(out**2)
 
         step = jax.jit(jax.grad(loss, argnums=(0, 1)))
         temp[depth] = step.lower(params, x).compile().memory_analysis().temp_size_in_bytes

@@ -36,8 +36,10 @@ def test_global_batches_are_the_same_on_1_2_and_4_hosts_and_from_any_step():
         for step, batch in enumerate(one_host):
             for key, value in batch.items():
                 np.testing.assert_array_equal(
-                    value, np.concatenate([part[step][key] for part in parts]),
-                    err_msg=f"{hosts} hosts, batch {step}, {key}")
+                    value,
+                    np.concatenate([part[step][key] for part in parts]),
+                    err_msg=f"{hosts} hosts, batch {step}, {key}",
+                )
     resumed = _take(order, 2, start_batch=2, process_index=0, process_count=1)
     for expected, got in zip(one_host[2:], resumed):
         for key in expected:
@@ -67,9 +69,12 @@ def test_a_saved_input_position_restores_the_stream_on_any_host_count():
     expected = [next(stream) for _ in range(2)]
     assert stream.position == 5
 
-    hosts = [train_data.HostBatches(order, LENGTHS, start_batch=3,
-                                    restore_from=saved, process_index=p,
-                                    process_count=2) for p in range(2)]
+    hosts = [
+        train_data.HostBatches(
+            order, LENGTHS, start_batch=3, restore_from=saved, process_index=p, process_count=2
+        )
+        for p in range(2)
+    ]
     assert all(h.how_started.startswith("restored") for h in hosts), hosts[0].how_started
     for expected_batch in expected:
         got = _concat([next(h) for h in hosts])
@@ -77,24 +82,26 @@ def test_a_saved_input_position_restores_the_stream_on_any_host_count():
             np.testing.assert_array_equal(value, got[key], err_msg=key)
 
     # Saved at batch 3, asked for batch 4: the saved position is not used.
-    skipped = train_data.HostBatches(order, LENGTHS, start_batch=4,
-                                     restore_from=saved, process_index=1,
-                                     process_count=2)
+    skipped = train_data.HostBatches(
+        order, LENGTHS, start_batch=4, restore_from=saved, process_index=1, process_count=2
+    )
     assert skipped.how_started.startswith("skipped 4 batches"), skipped.how_started
     for key, value in next(skipped).items():
         np.testing.assert_array_equal(value, expected[1][key][2:], err_msg=key)
 
 
-def test_a_pipeline_that_cannot_be_saved_says_why_and_resumes_by_skipping(tmp_path,
-                                                                           monkeypatch):
+def test_a_pipeline_that_cannot_be_saved_says_why_and_resumes_by_skipping(tmp_path, monkeypatch):
     """A Python generator source: TensorFlow cannot checkpoint its iterator. The save reports
     it instead of failing the run, and the resume skips to the same batch."""
     import tensorflow as tf
 
     def generated(*args):
-        return {0: tf.data.Dataset.from_generator(
-            lambda: ({"x": [i]} for i in range(100)),
-            output_signature={"x": tf.TensorSpec([1], tf.int64)})}
+        return {
+            0: tf.data.Dataset.from_generator(
+                lambda: ({"x": [i]} for i in range(100)),
+                output_signature={"x": tf.TensorSpec([1], tf.int64)},
+            )
+        }
 
     monkeypatch.setattr(train_data, "_shard_datasets", generated)
     order = train_data.DataOrder("generated", batch_size=1, seed=0, data_shards=1)
@@ -102,10 +109,12 @@ def test_a_pipeline_that_cannot_be_saved_says_why_and_resumes_by_skipping(tmp_pa
     next(stream), next(stream)
     why_not = stream.save(str(tmp_path / "2"))
     assert why_not.startswith("FailedPreconditionError") and "stateful" in why_not, why_not
-    resumed = train_data.HostBatches(order, {}, start_batch=2, restore_from=str(tmp_path / "2"),
-                                     process_index=0, process_count=1)
-    assert resumed.how_started.startswith("skipped 2 batches (no saved position"), \
+    resumed = train_data.HostBatches(
+        order, {}, start_batch=2, restore_from=str(tmp_path / "2"), process_index=0, process_count=1
+    )
+    assert resumed.how_started.startswith("skipped 2 batches (no saved position"), (
         resumed.how_started
+    )
     assert next(resumed)["x"].tolist() == [2] == next(stream)["x"].tolist()
 
 
@@ -130,25 +139,38 @@ def test_data_shards_are_checked_before_any_work():
 
 
 def _command(model_dir, steps):
-    bindings = TINY_RUN + [f"MODEL_DIR={model_dir}", f"TRAIN_STEPS={steps}",
-                           "train.eval_every=0", "train.num_predictions=0",
-                           "train.checkpoint_every=4", "train.log_every=1",
-                           "T5Config.dropout_rate=0.1"]  # dropout: the rng must resume too
-    return [sys.executable, "-m", "t5x_like.train",
-            "--gin_file=gin_configs/runs/quickstart.gin"] + [f"--gin.{b}" for b in bindings]
+    bindings = TINY_RUN + [
+        f"MODEL_DIR={model_dir}",
+        f"TRAIN_STEPS={steps}",
+        "train.eval_every=0",
+        "train.num_predictions=0",
+        "train.checkpoint_every=4",
+        "train.log_every=1",
+        "T5Config.dropout_rate=0.1",
+    ]  # dropout: the rng must resume too
+    return [
+        sys.executable,
+        "-m",
+        "t5x_like.train",
+        "--gin_file=gin_configs/runs/quickstart.gin",
+    ] + [f"--gin.{b}" for b in bindings]
 
 
 def _environment(devices):
     flags = os.environ.get("XLA_FLAGS", "").split()
     flags = [f for f in flags if "xla_force_host_platform_device_count" not in f]
-    return {**os.environ,
-            "XLA_FLAGS": " ".join(flags + [f"--xla_force_host_platform_device_count={devices}"])}
+    return {
+        **os.environ,
+        "XLA_FLAGS": " ".join(flags + [f"--xla_force_host_platform_device_count={devices}"]),
+    }
 
 
 def _losses(stdout):
-    return {int(line.split()[1]): line.split("loss ")[1].split()[0]
-            for line in logs.unstamped(stdout)
-            if line.startswith("step") and "  loss " in line}
+    return {
+        int(line.split()[1]): line.split("loss ")[1].split()[0]
+        for line in logs.unstamped(stdout)
+        if line.startswith("step") and "  loss " in line
+    }
 
 
 def _saved(model_dir, step, item):
@@ -158,23 +180,37 @@ def _saved(model_dir, step, item):
 
 def _steps(model_dir):
     directory = os.path.join(model_dir, "checkpoints")
-    return sorted(int(d) for d in os.listdir(directory) if d.isdigit()) if os.path.isdir(
-        directory) else []
+    return (
+        sorted(int(d) for d in os.listdir(directory) if d.isdigit())
+        if os.path.isdir(directory)
+        else []
+    )
 
 
 @pytest.mark.slow  # three training subprocesses each (~100-150 s); CI runs the slow set
 @pytest.mark.parametrize("devices", [8, 1])
 def test_kill_9_at_a_random_step_then_rerun_is_bit_identical(devices, tmp_path):
     steps, env = 40, _environment(devices)
-    reference = subprocess.run(_command(tmp_path / "reference", steps), cwd=ROOT, env=env,
-                               capture_output=True, text=True, timeout=600)
+    reference = subprocess.run(
+        _command(tmp_path / "reference", steps),
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert reference.returncode == 0, reference.stderr[-3000:]
 
     rng = random.Random()
     kill_after = rng.randrange(4, 24)  # a checkpoint at or after this step, then a random wait
     killed_dir = tmp_path / "killed"
-    proc = subprocess.Popen(_command(killed_dir, steps), cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        _command(killed_dir, steps),
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.time() + 300
         while not any(s >= kill_after for s in _steps(killed_dir)):
@@ -187,8 +223,9 @@ def test_kill_9_at_a_random_step_then_rerun_is_bit_identical(devices, tmp_path):
     resumed_from = max(_steps(killed_dir))
     assert resumed_from < steps, "the run ended before it was killed: nothing was tested"
 
-    resumed = subprocess.run(_command(killed_dir, steps), cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(
+        _command(killed_dir, steps), cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"Resumed from the checkpoint at step {resumed_from}" in resumed.stdout
     assert "input pipeline: restored from" in resumed.stdout  # no batch re-read
@@ -197,10 +234,14 @@ def test_kill_9_at_a_random_step_then_rerun_is_bit_identical(devices, tmp_path):
     assert {s: expected[s] for s in got} == got
     for item in ("params", "opt_state"):
         want, have = _saved(tmp_path / "reference", steps, item), _saved(killed_dir, steps, item)
-        for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(want),
-                                jax.tree_util.tree_leaves(have)):
-            np.testing.assert_array_equal(a, b, err_msg=f"{item} {jax.tree_util.keystr(path)} "
-                                          f"(killed after step {resumed_from})")
+        for (path, a), b in zip(
+            jax.tree_util.tree_leaves_with_path(want), jax.tree_util.tree_leaves(have)
+        ):
+            np.testing.assert_array_equal(
+                a,
+                b,
+                err_msg=f"{item} {jax.tree_util.keystr(path)} (killed after step {resumed_from})",
+            )
 
 
 @pytest.mark.slow  # four training processes (~3 min)
@@ -213,21 +254,42 @@ def test_a_run_resumed_on_two_hosts_sees_the_same_batches_as_on_one(tmp_path):
 
     def command(model_dir, steps):
         return _command(model_dir, steps)[:-1] + [  # (no dropout: same masks either way)
-            "--gin.T5Config.dropout_rate=0.0", "--gin.train.data_shards=2"]
+            "--gin.T5Config.dropout_rate=0.0",
+            "--gin.train.data_shards=2",
+        ]
 
     env = {**_env(), "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-    reference = subprocess.run(command(tmp_path / "reference", 8), cwd=ROOT, env=env,
-                               capture_output=True, text=True, timeout=600)
+    reference = subprocess.run(
+        command(tmp_path / "reference", 8),
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert reference.returncode == 0, reference.stderr[-3000:]
-    first = subprocess.run(command(tmp_path / "run", 4), cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=600)
+    first = subprocess.run(
+        command(tmp_path / "run", 4), cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     port = _free_port()
-    procs = [subprocess.Popen(command(tmp_path / "run", 8), cwd=ROOT, env={
-        **_env(), "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
-        "T5X_LIKE_COORDINATOR": f"127.0.0.1:{port}", "T5X_LIKE_NUM_PROCESSES": "2",
-        "T5X_LIKE_PROCESS_ID": str(i)}, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        text=True) for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            command(tmp_path / "run", 8),
+            cwd=ROOT,
+            env={
+                **_env(),
+                "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+                "T5X_LIKE_COORDINATOR": f"127.0.0.1:{port}",
+                "T5X_LIKE_NUM_PROCESSES": "2",
+                "T5X_LIKE_PROCESS_ID": str(i),
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        for i in range(2)
+    ]
     outputs = [p.communicate(timeout=600)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(o[-2000:] for o in outputs)
     expected = _losses(reference.stdout)

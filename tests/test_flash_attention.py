@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5x_like.models import flash_attention as fa
 from t5x_like.models import base, layers, t5
+from t5x_like.models import flash_attention as fa
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
 from tests.test_remat import T5_CONFIG, _init, _loss_and_grads
 
@@ -44,7 +44,10 @@ def _reference(q, k, v, mask, table, spec):
     if table is not None:
         buckets = layers.relative_position_bucket(
             np.arange(k.shape[1])[None, :] - np.arange(q.shape[1])[:, None],
-            spec.bidirectional, spec.num_buckets, spec.max_distance)
+            spec.bidirectional,
+            spec.num_buckets,
+            spec.max_distance,
+        )
         logits = logits + jnp.take(table, jnp.asarray(buckets), axis=1)[None]
     logits = jnp.where(mask, logits, layers.NEG_INF)
     return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits, axis=-1), v)
@@ -62,14 +65,38 @@ def _cases():
     self_mask = fa.FlashMask(ids(dec > 0, dec_seg, -1), ids(dec > 0, dec_seg, -1), causal=True)
     cross = fa.FlashMask(ids(dec > 0, dec_seg, -1), ids(real, enc_seg, -2))
     return [
-        ("encoder, packed and padded, bidirectional bias", 32, 32,
-         t5.encoder_self_mask(enc, enc_seg), enc_mask, fa.RelativeBias(32, 128, True)),
-        ("decoder, packed, causal bias", 16, 16, t5.decoder_self_mask(dec, dec_seg),
-         self_mask, fa.RelativeBias(32, 128, False)),
-        ("cross-attention, packed", 16, 32, t5.cross_attention_mask(dec, enc, dec_seg, enc_seg),
-         cross, None),
-        ("encoder, padded, few buckets", 32, 32, t5.encoder_self_mask(enc), fa.FlashMask(
-            ids(real, None, -1), ids(real, None, -2)), fa.RelativeBias(8, 20, True)),
+        (
+            "encoder, packed and padded, bidirectional bias",
+            32,
+            32,
+            t5.encoder_self_mask(enc, enc_seg),
+            enc_mask,
+            fa.RelativeBias(32, 128, True),
+        ),
+        (
+            "decoder, packed, causal bias",
+            16,
+            16,
+            t5.decoder_self_mask(dec, dec_seg),
+            self_mask,
+            fa.RelativeBias(32, 128, False),
+        ),
+        (
+            "cross-attention, packed",
+            16,
+            32,
+            t5.cross_attention_mask(dec, enc, dec_seg, enc_seg),
+            cross,
+            None,
+        ),
+        (
+            "encoder, padded, few buckets",
+            32,
+            32,
+            t5.encoder_self_mask(enc),
+            fa.FlashMask(ids(real, None, -1), ids(real, None, -2)),
+            fa.RelativeBias(8, 20, True),
+        ),
     ]
 
 
@@ -87,9 +114,18 @@ def test_kernel_equals_the_reference_attention(case):
     weights = jax.random.normal(keys[4], q.shape)  # a loss that weighs every output
 
     def flash(q, k, v, table):  # 8 x 16 tiles: several per row, causal blocks skipped
-        return fa.flash_attention(q, k, v, mask.q_ids, mask.kv_ids, causal=mask.causal,
-                                  relative_table=table, relative_bias=spec, block_q=8,
-                                  block_k=16)
+        return fa.flash_attention(
+            q,
+            k,
+            v,
+            mask.q_ids,
+            mask.kv_ids,
+            causal=mask.causal,
+            relative_table=table,
+            relative_bias=spec,
+            block_q=8,
+            block_k=16,
+        )
 
     def reference(q, k, v, table):
         return _reference(q, k, v, dense, table, spec)
@@ -99,8 +135,9 @@ def test_kernel_equals_the_reference_attention(case):
     for fn in (reference, flash):
         f = (lambda *a, fn=fn: fn(*a)) if table is not None else (lambda *a, fn=fn: fn(*a, None))
         out = f(*args)
-        grads = jax.grad(lambda *a: jnp.sum(f(*a) * weights),
-                         argnums=tuple(range(len(args))))(*args)
+        grads = jax.grad(lambda *a: jnp.sum(f(*a) * weights), argnums=tuple(range(len(args))))(
+            *args
+        )
         results.append((out, grads))
     (out_r, grads_r), (out_f, grads_f) = results
     np.testing.assert_allclose(out_f, out_r, rtol=1e-5, atol=1e-5, err_msg=name)
@@ -122,8 +159,15 @@ def test_tiles_beyond_max_distance_take_the_one_bucket_path(bidirectional):
     dense = np.ones((1, 1, 64, 64), bool)
     if not bidirectional:
         dense = dense & np.tril(np.ones((64, 64), bool))
-    static = fa._Static(causal=not bidirectional, bias=spec, block_q=16, block_k=16, q_len=64,
-                        kv_len=64, platform="cpu")
+    static = fa._Static(
+        causal=not bidirectional,
+        bias=spec,
+        block_q=16,
+        block_k=16,
+        q_len=64,
+        kv_len=64,
+        platform="cpu",
+    )
     row = table[:1]  # the (1, buckets) row a kernel sees
 
     def far(q_start, k_start):
@@ -133,25 +177,36 @@ def test_tiles_beyond_max_distance_take_the_one_bucket_path(bidirectional):
     assert not (far(0, 16) or far(16, 0) or far(32, 32))
 
     def flash(q, k, v, table):
-        return fa.flash_attention(q, k, v, ids, ids, causal=not bidirectional,
-                                  relative_table=table, relative_bias=spec, block_q=16,
-                                  block_k=16)
+        return fa.flash_attention(
+            q,
+            k,
+            v,
+            ids,
+            ids,
+            causal=not bidirectional,
+            relative_table=table,
+            relative_bias=spec,
+            block_q=16,
+            block_k=16,
+        )
 
     def reference(q, k, v, table):
         return _reference(q, k, v, dense, table, spec)
 
-    np.testing.assert_allclose(flash(q, k, v, table), reference(q, k, v, table), rtol=1e-5,
-                               atol=1e-5)
-    grads = [jax.grad(lambda *a, fn=fn: jnp.sum(fn(*a) * weights), argnums=(0, 1, 2, 3))(
-        q, k, v, table) for fn in (flash, reference)]
+    np.testing.assert_allclose(
+        flash(q, k, v, table), reference(q, k, v, table), rtol=1e-5, atol=1e-5
+    )
+    grads = [
+        jax.grad(lambda *a, fn=fn: jnp.sum(fn(*a) * weights), argnums=(0, 1, 2, 3))(q, k, v, table)
+        for fn in (flash, reference)
+    ]
     for what, a, b in zip(("dq", "dk", "dv", "dtable"), *grads):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=what)
 
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("platform,lowering_platform,custom_call", ACCELERATORS)
-def test_kernels_lower_through_triton_and_mosaic(platform, lowering_platform, custom_call,
-                                                 causal):
+def test_kernels_lower_through_triton_and_mosaic(platform, lowering_platform, custom_call, causal):
     """Triton and Mosaic accept only part of what the interpreter runs (no gathers or array
     slices in a kernel, Mosaic's (8, 128)-aligned blocks, no floor division's sign fix-up...).
     Lowering the forward and both backward kernels for each platform from this CPU host runs
@@ -161,16 +216,28 @@ def test_kernels_lower_through_triton_and_mosaic(platform, lowering_platform, cu
     spec = fa.RelativeBias(32, 128, bidirectional=not causal)
 
     def loss(q, k, v, q_ids, kv_ids, table):
-        out = fa.flash_attention(q, k, v, q_ids, kv_ids, causal=causal, relative_table=table,
-                                 relative_bias=spec, platform=platform)
+        out = fa.flash_attention(
+            q,
+            k,
+            v,
+            q_ids,
+            kv_ids,
+            causal=causal,
+            relative_table=table,
+            relative_bias=spec,
+            platform=platform,
+        )
         return jnp.sum(out.astype(jnp.float32))
 
     tokens = jax.ShapeDtypeStruct((batch, length, heads, head_dim), jnp.bfloat16)
     ids = jax.ShapeDtypeStruct((batch, length), jnp.int32)
     table = jax.ShapeDtypeStruct((heads, spec.num_buckets), jnp.float32)
     grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 5)))
-    text = grad.trace(tokens, tokens, tokens, ids, ids, table).lower(
-        lowering_platforms=(lowering_platform,)).as_text()
+    text = (
+        grad.trace(tokens, tokens, tokens, ids, ids, table)
+        .lower(lowering_platforms=(lowering_platform,))
+        .as_text()
+    )
     assert custom_call in text
     for kernel in ("fwd", "dkdv", "dq"):
         assert f"t5_flash_attention_{kernel}" in text, kernel
@@ -178,8 +245,12 @@ def test_kernels_lower_through_triton_and_mosaic(platform, lowering_platform, cu
 
 def test_an_unknown_platform_is_refused():
     with pytest.raises(ValueError, match="no compiler for platform 'metal'"):
-        fa.flash_attention(*(jnp.zeros((1, 16, 1, 8)),) * 3, jnp.ones((1, 16), jnp.int32),
-                           jnp.ones((1, 16), jnp.int32), platform="metal")
+        fa.flash_attention(
+            *(jnp.zeros((1, 16, 1, 8)),) * 3,
+            jnp.ones((1, 16), jnp.int32),
+            jnp.ones((1, 16), jnp.int32),
+            platform="metal",
+        )
 
 
 @pytest.mark.slow
@@ -189,12 +260,19 @@ def test_bfloat16_inputs_stay_within_bfloat16_tolerance():
     q, k, v = (jax.random.normal(key, (2, q_len, HEADS, HEAD_DIM)) for key in keys[:3])
     table = jax.random.normal(keys[3], (HEADS, spec.num_buckets))
     low = [x.astype(jnp.bfloat16) for x in (q, k, v)]
-    out = fa.flash_attention(*low, mask.q_ids, mask.kv_ids, relative_table=table,
-                             relative_bias=spec, block_q=16, block_k=16)
+    out = fa.flash_attention(
+        *low,
+        mask.q_ids,
+        mask.kv_ids,
+        relative_table=table,
+        relative_bias=spec,
+        block_q=16,
+        block_k=16,
+    )
     assert out.dtype == jnp.bfloat16
-    np.testing.assert_allclose(np.asarray(out, np.float32), _reference(q, k, v, dense, table,
-                                                                        spec),
-                               rtol=3e-2, atol=3e-2)
+    np.testing.assert_allclose(
+        np.asarray(out, np.float32), _reference(q, k, v, dense, table, spec), rtol=3e-2, atol=3e-2
+    )
 
 
 @pytest.mark.slow
@@ -212,15 +290,18 @@ def test_lengths_off_the_tile_grid_are_padded_and_give_the_same_attention():
         return jnp.sum(fn(*args) * weights)
 
     def flash(q, k, v):
-        return fa.flash_attention(q, k, v, jnp.asarray(q_seg), jnp.asarray(kv_seg), block_q=16,
-                                  block_k=16)
+        return fa.flash_attention(
+            q, k, v, jnp.asarray(q_seg), jnp.asarray(kv_seg), block_q=16, block_k=16
+        )
 
     def reference(q, k, v):
         return _reference(q, k, v, dense, None, None)
 
     np.testing.assert_allclose(flash(q, k, v), reference(q, k, v), rtol=1e-5, atol=1e-5)
-    for a, b in zip(jax.grad(lambda *x: loss(flash, *x), argnums=(0, 1, 2))(q, k, v),
-                    jax.grad(lambda *x: loss(reference, *x), argnums=(0, 1, 2))(q, k, v)):
+    for a, b in zip(
+        jax.grad(lambda *x: loss(flash, *x), argnums=(0, 1, 2))(q, k, v),
+        jax.grad(lambda *x: loss(reference, *x), argnums=(0, 1, 2))(q, k, v),
+    ):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
@@ -235,11 +316,14 @@ def _packed_t5_batch():
     dec_seg = np.array([[1] * 3 + [2] * 5, [1] * 6 + [0] * 2], np.int32)
     inputs = np.concatenate([np.zeros((2, 1), np.int32), targets[:, :-1]], axis=1)
     inputs[0, 3] = 0  # the second packed example starts with its own start token
-    return {"encoder_input_tokens": jnp.asarray(enc), "encoder_segment_ids": jnp.asarray(enc_seg),
-            "decoder_input_tokens": jnp.asarray(inputs),
-            "decoder_target_tokens": jnp.asarray(targets),
-            "decoder_segment_ids": jnp.asarray(dec_seg),
-            "decoder_loss_weights": jnp.asarray(targets > 0, jnp.float32)}
+    return {
+        "encoder_input_tokens": jnp.asarray(enc),
+        "encoder_segment_ids": jnp.asarray(enc_seg),
+        "decoder_input_tokens": jnp.asarray(inputs),
+        "decoder_target_tokens": jnp.asarray(targets),
+        "decoder_segment_ids": jnp.asarray(dec_seg),
+        "decoder_loss_weights": jnp.asarray(targets > 0, jnp.float32),
+    }
 
 
 @pytest.mark.parametrize("scan_layers", [False, pytest.param(True, marks=pytest.mark.slow)])
@@ -249,20 +333,26 @@ def test_a_t5_model_trains_the_same_with_the_flash_kernel(scan_layers):
     flash = EncoderDecoderModel(dataclasses.replace(cfg, attention_implementation="flash"))
     params = _init(reference)
     batch = _packed_t5_batch()
-    (loss_r, grads_r), (loss_f, grads_f) = [_loss_and_grads(m, params, batch)
-                                            for m in (reference, flash)]
+    (loss_r, grads_r), (loss_f, grads_f) = [
+        _loss_and_grads(m, params, batch) for m in (reference, flash)
+    ]
     np.testing.assert_allclose(loss_f, loss_r, rtol=1e-6)
-    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
-                           grads_f, grads_r)
+    jax.tree_util.tree_map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), grads_f, grads_r
+    )
     # the relative-bias tables receive their gradient through the kernel's bucket sums
-    tables = [g for path, g in jax.tree_util.tree_leaves_with_path(grads_f)
-              if "rel_embedding" in jax.tree_util.keystr(path)]
+    tables = [
+        g
+        for path, g in jax.tree_util.tree_leaves_with_path(grads_f)
+        if "rel_embedding" in jax.tree_util.keystr(path)
+    ]
     assert tables and all(float(jnp.abs(t).sum()) > 0 for t in tables)
 
 
 @pytest.mark.parametrize("platform,lowering_platform,custom_call", ACCELERATORS)
-def test_a_bfloat16_t5_step_with_the_kernel_lowers_for_accelerators(platform, lowering_platform,
-                                                                   custom_call):
+def test_a_bfloat16_t5_step_with_the_kernel_lowers_for_accelerators(
+    platform, lowering_platform, custom_call
+):
     """The model's own calls (encoder, causal decoder and cross-attention masks, bias tables,
     bf16 activations) lowered for Triton and Mosaic, as `gpu_check.sh`'s flash step runs
     them: every attention of both stacks goes through the kernels."""
@@ -275,8 +365,12 @@ def test_a_bfloat16_t5_step_with_the_kernel_lowers_for_accelerators(platform, lo
         return base.objective(model.loss_sums(p, batch), model.loss_denominators(batch))
 
     with fa.compile_for(platform):
-        text = jax.jit(jax.grad(loss)).trace(params).lower(
-            lowering_platforms=(lowering_platform,)).as_text()
+        text = (
+            jax.jit(jax.grad(loss))
+            .trace(params)
+            .lower(lowering_platforms=(lowering_platform,))
+            .as_text()
+        )
     assert custom_call in text
     # one layer per stack: three attentions (encoder self, decoder self, cross), each a
     # forward and two backward kernels
@@ -287,8 +381,10 @@ def test_flash_is_refused_where_no_structured_mask_is_built():
     from t5x_like.models import bert
     from tests.test_remat import GPT_CONFIG
 
-    for make in (lambda: dataclasses.replace(GPT_CONFIG, attention_implementation="flash"),
-                 lambda: bert.BertConfig(attention_implementation="flash")):
+    for make in (
+        lambda: dataclasses.replace(GPT_CONFIG, attention_implementation="flash"),
+        lambda: bert.BertConfig(attention_implementation="flash"),
+    ):
         with pytest.raises(ValueError, match="T5 only"):
             make()
 
@@ -303,14 +399,21 @@ def test_a_sharded_train_step_with_the_kernel_equals_one_device_without(mesh_sha
     from t5x_like import optimizers, partitioning, trainer
 
     def one_step(implementation, shape, layout_name, devices):
-        cfg = dataclasses.replace(T5_CONFIG, num_heads=4, head_dim=4, emb_dim=16, vocab_size=128,
-                                  attention_implementation=implementation)
+        cfg = dataclasses.replace(
+            T5_CONFIG,
+            num_heads=4,
+            head_dim=4,
+            emb_dim=16,
+            vocab_size=128,
+            attention_implementation=implementation,
+        )
         model = EncoderDecoderModel(cfg)
         lr = optimizers.inverse_sqrt_schedule(10)
         optimizer = optimizers.t5_adafactor(lr)
         mesh = partitioning.make_mesh(mesh_shape=shape, devices=devices)
-        layout = trainer.make_layout(model, optimizer, mesh,
-                                     partitioning.logical_axis_rules(layout_name))
+        layout = trainer.make_layout(
+            model, optimizer, mesh, partitioning.logical_axis_rules(layout_name)
+        )
         state = trainer.init_state(model, optimizer, jax.random.key(0), layout)
         step = trainer.make_train_step(model, optimizer, lr, layout)
         batch = {k: np.concatenate([np.asarray(v)] * 4) for k, v in _packed_t5_batch().items()}
@@ -321,5 +424,6 @@ def test_a_sharded_train_step_with_the_kernel_equals_one_device_without(mesh_sha
     want, want_loss = one_step("xla", (1, 1), "data_parallel", jax.devices()[:1])
     got, got_loss = one_step("flash", mesh_shape, layout, None)
     np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
-    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
-                           got, want)
+    jax.tree_util.tree_map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), got, want
+    )

@@ -15,27 +15,50 @@ import pytest
 from t5x_like import decoding
 from t5x_like.models.decoder_only import DecoderOnlyModel, GPTConfig
 
-GPT_STYLE = GPTConfig(vocab_size=50, max_position_embeddings=32, hidden_size=32, num_layers=2,
-                      num_heads=4, intermediate_size=64, dropout_rate=0.0,
-                      attention_dropout_rate=0.0)
-T5_STYLE = GPTConfig(vocab_size=50, max_position_embeddings=32, hidden_size=32, num_layers=2,
-                     num_heads=4, intermediate_size=64, dropout_rate=0.0,
-                     attention_dropout_rate=0.0, pre_layer_norm=True, norm="rms_norm",
-                     use_bias=False, position_encoding="relative", activation="gated-gelu",
-                     initialization="t5", tie_embeddings=False,
-                     relative_attention_bidirectional=True)
+GPT_STYLE = GPTConfig(
+    vocab_size=50,
+    max_position_embeddings=32,
+    hidden_size=32,
+    num_layers=2,
+    num_heads=4,
+    intermediate_size=64,
+    dropout_rate=0.0,
+    attention_dropout_rate=0.0,
+)
+T5_STYLE = GPTConfig(
+    vocab_size=50,
+    max_position_embeddings=32,
+    hidden_size=32,
+    num_layers=2,
+    num_heads=4,
+    intermediate_size=64,
+    dropout_rate=0.0,
+    attention_dropout_rate=0.0,
+    pre_layer_norm=True,
+    norm="rms_norm",
+    use_bias=False,
+    position_encoding="relative",
+    activation="gated-gelu",
+    initialization="t5",
+    tie_embeddings=False,
+    relative_attention_bidirectional=True,
+)
 PROMPTS = [[5, 9, 13, 7, 22], [31, 4], [17, 8, 40, 3]]
 NEW_TOKENS = 6
 
 
 def _forward(model: DecoderOnlyModel):
-    return jax.jit(lambda params, tokens, visible: model.module.apply(
-        {"params": params}, tokens, causal_attention=visible))
+    return jax.jit(
+        lambda params, tokens, visible: model.module.apply(
+            {"params": params}, tokens, causal_attention=visible
+        )
+    )
 
 
 def _predict(model: DecoderOnlyModel, params, prompts, steps, **kwargs):
     return jax.jit(lambda p, batch: model.predict_batch(p, batch, steps, **kwargs))(
-        params, {"prompt_tokens": _padded(prompts)})
+        params, {"prompt_tokens": _padded(prompts)}
+    )
 
 
 def _reference_greedy(model: DecoderOnlyModel, params, prompt: list[int], steps: int):
@@ -65,8 +88,10 @@ def _padded(prompts):
     return np.array([p + [0] * (width - len(p)) for p in prompts], np.int32)
 
 
-@pytest.mark.parametrize("config,attention", [(GPT_STYLE, "causal"), (GPT_STYLE, "prefix"),
-                                              (T5_STYLE, "prefix"), (T5_STYLE, "causal")])
+@pytest.mark.parametrize(
+    "config,attention",
+    [(GPT_STYLE, "causal"), (GPT_STYLE, "prefix"), (T5_STYLE, "prefix"), (T5_STYLE, "causal")],
+)
 def test_cached_greedy_equals_full_forward(config, attention):
     model = DecoderOnlyModel(config, attention=attention, eos_id=-1)  # no early stop
     params = model.init(jax.random.key(3))
@@ -89,8 +114,7 @@ def test_prefix_lm_sees_the_whole_prompt_and_causal_lm_does_not():
     tokens = _predict(model, params, [prompt], 1)
     assert int(tokens[0, 0]) == generated[0]
     seq = jnp.asarray([[0] + prompt])
-    full = model.module.apply({"params": params}, seq,
-                              causal_attention=jnp.ones_like(seq))
+    full = model.module.apply({"params": params}, seq, causal_attention=jnp.ones_like(seq))
     causal = model.module.apply({"params": params}, seq)
     assert not np.allclose(full[0, -1], causal[0, -1])  # the two masks really differ
 
@@ -100,8 +124,14 @@ def test_beam_search_and_sampling_run_through_the_shared_loops():
     params = model.init(jax.random.key(1))
     greedy, greedy_scores = _predict(model, params, PROMPTS, NEW_TOKENS, return_scores=True)
     beams, beam_scores = _predict(
-        model, params, PROMPTS, NEW_TOKENS, return_scores=True, return_all_beams=True,
-        decode=decoding.DecodeConfig(method="beam", beam_size=3, alpha=0.0))
+        model,
+        params,
+        PROMPTS,
+        NEW_TOKENS,
+        return_scores=True,
+        return_all_beams=True,
+        decode=decoding.DecodeConfig(method="beam", beam_size=3, alpha=0.0),
+    )
     assert beams.shape == (len(PROMPTS), 3, NEW_TOKENS)
     # The best beam is at least as likely as greedy's sequence (alpha 0: plain log-prob).
     assert np.all(np.asarray(beam_scores[:, 0]) >= np.asarray(greedy_scores) - 1e-5)
@@ -114,12 +144,19 @@ def test_beam_search_and_sampling_run_through_the_shared_loops():
             visible = jnp.asarray([[1] * (len(prompt) + 1) + [0] * NEW_TOKENS])
             log_probs = jax.nn.log_softmax(forward(params, seq, visible)[0])
             start = len(prompt)
-            expected = sum(float(log_probs[start + i, sequence[start + 1 + i]])
-                           for i in range(NEW_TOKENS))
-            np.testing.assert_allclose(float(beam_scores[row, beam]), expected, rtol=1e-4,
-                                       atol=1e-4)
-    cold = _predict(model, params, PROMPTS, NEW_TOKENS,
-                    decode=decoding.DecodeConfig(method="sample", temperature=0.0))
+            expected = sum(
+                float(log_probs[start + i, sequence[start + 1 + i]]) for i in range(NEW_TOKENS)
+            )
+            np.testing.assert_allclose(
+                float(beam_scores[row, beam]), expected, rtol=1e-4, atol=1e-4
+            )
+    cold = _predict(
+        model,
+        params,
+        PROMPTS,
+        NEW_TOKENS,
+        decode=decoding.DecodeConfig(method="sample", temperature=0.0),
+    )
     np.testing.assert_array_equal(np.asarray(cold), np.asarray(greedy))
 
 
@@ -137,38 +174,63 @@ def test_infer_command_continues_prompts_with_a_decoder_only_checkpoint(tmp_path
     cache-free full forward pass produces."""
     import json
 
-    from t5x_like import infer
-    from t5x_like.checkpoints import params_io
-    from t5x_like.models import t5
     import seqio
 
     import tasks  # noqa: F401  (registers offline_lm)
+    from t5x_like import infer
+    from t5x_like.checkpoints import params_io
+    from t5x_like.models import t5
 
-    config = GPTConfig(vocab_size=2048, max_position_embeddings=64, hidden_size=32,
-                       num_layers=2, num_heads=4, intermediate_size=64, dropout_rate=0.0,
-                       attention_dropout_rate=0.0)
+    config = GPTConfig(
+        vocab_size=2048,
+        max_position_embeddings=64,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        intermediate_size=64,
+        dropout_rate=0.0,
+        attention_dropout_rate=0.0,
+    )
     model = DecoderOnlyModel(config, attention="causal")
     params = t5.nn.meta.unbox(model.init(jax.random.key(5)))
     params_io.save_params(str(tmp_path / "ckpt"), params, config)
     prompts = ["The attribute reference", "A name"]
     (tmp_path / "prompts.txt").write_text("\n".join(prompts) + "\n")
     out = tmp_path / "out.jsonl"
-    size = [f"GPTConfig.{k}={getattr(config, k)}" for k in (
-        "vocab_size", "max_position_embeddings", "hidden_size", "num_layers", "num_heads",
-        "intermediate_size")]
-    assert infer.main([
-        "--gin_file=gin_configs/runs/infer.gin", f"--gin.CHECKPOINT={tmp_path / 'ckpt'}",
-        "--gin.INFER_TASK=offline_lm", f"--gin.infer.input_file={tmp_path / 'prompts.txt'}",
-        f"--gin.infer.output_file={out}", "--gin.infer.model_class=@DecoderOnlyModel",
-        "--gin.DecoderOnlyModel.attention='causal'", "--gin.infer.add_eos=False",
-        "--gin.infer.task_feature_lengths={'inputs': 16, 'targets': 5}",
-        *[f"--gin.{b}" for b in size]]) == 0
+    size = [
+        f"GPTConfig.{k}={getattr(config, k)}"
+        for k in (
+            "vocab_size",
+            "max_position_embeddings",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "intermediate_size",
+        )
+    ]
+    assert (
+        infer.main(
+            [
+                "--gin_file=gin_configs/runs/infer.gin",
+                f"--gin.CHECKPOINT={tmp_path / 'ckpt'}",
+                "--gin.INFER_TASK=offline_lm",
+                f"--gin.infer.input_file={tmp_path / 'prompts.txt'}",
+                f"--gin.infer.output_file={out}",
+                "--gin.infer.model_class=@DecoderOnlyModel",
+                "--gin.DecoderOnlyModel.attention='causal'",
+                "--gin.infer.add_eos=False",
+                "--gin.infer.task_feature_lengths={'inputs': 16, 'targets': 5}",
+                *[f"--gin.{b}" for b in size],
+            ]
+        )
+        == 0
+    )
     records = [json.loads(line) for line in out.read_text().splitlines()]
     # The task's own vocabulary object, as infer reads it (a fresh OfflineVocabulary could
     # point at another cache directory if an earlier test moved it).
     vocabulary = seqio.get_mixture_or_task("offline_lm").output_features["targets"].vocabulary
     for record, prompt in zip(records, prompts):
         expected, _ = _reference_greedy(model, params, list(vocabulary.encode(prompt)), 5)
-        expected = expected[:expected.index(1)] if 1 in expected else expected
+        expected = expected[: expected.index(1)] if 1 in expected else expected
         assert record["inputs"] == prompt
         assert record["prediction"] == vocabulary.decode([t for t in expected if t])

@@ -56,17 +56,19 @@ def test_prefix_lm_mask_on_a_packed_row():
     segments = jnp.array([[1, 1, 1, 1, 2, 2, 2, 0]])
     prefix = jnp.array([[1, 1, 0, 0, 1, 0, 0, 0]])
     mask = np.asarray(decoder_only.decoder_mask(tokens, segments, prefix))[0, 0].astype(int)
-    want = np.array([
-        # keys: 0 1 2 3 4 5 6 7
-        [1, 1, 0, 0, 0, 0, 0, 0],  # prefix sees the whole prefix of its example
-        [1, 1, 0, 0, 0, 0, 0, 0],
-        [1, 1, 1, 0, 0, 0, 0, 0],  # targets: causal
-        [1, 1, 1, 1, 0, 0, 0, 0],
-        [0, 0, 0, 0, 1, 0, 0, 0],  # second example: never the first's tokens
-        [0, 0, 0, 0, 1, 1, 0, 0],
-        [0, 0, 0, 0, 1, 1, 1, 0],
-        [0, 0, 0, 0, 0, 0, 0, 1],  # padding sees only padding (it has zero loss weight)
-    ])
+    want = np.array(
+        [
+            # keys: 0 1 2 3 4 5 6 7
+            [1, 1, 0, 0, 0, 0, 0, 0],  # prefix sees the whole prefix of its example
+            [1, 1, 0, 0, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0, 0, 0],  # targets: causal
+            [1, 1, 1, 1, 0, 0, 0, 0],
+            [0, 0, 0, 0, 1, 0, 0, 0],  # second example: never the first's tokens
+            [0, 0, 0, 0, 1, 1, 0, 0],
+            [0, 0, 0, 0, 1, 1, 1, 0],
+            [0, 0, 0, 0, 0, 0, 0, 1],  # padding sees only padding (it has zero loss weight)
+        ]
+    )
     np.testing.assert_array_equal(mask, want)
 
 
@@ -76,18 +78,25 @@ def test_convert_verifies_imports_and_exports_gpt(family, tmp_path, capsys):
 
     model = _reference(family)
     model.save_pretrained(tmp_path / "hf")
-    assert convert.main(["--from_hf", str(tmp_path / "hf"), "--to", str(tmp_path / "ckpt"),
-                         "--verify"]) == 0
+    assert (
+        convert.main(
+            ["--from_hf", str(tmp_path / "hf"), "--to", str(tmp_path / "ckpt"), "--verify"]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     diff = float(out.split("max_abs_logit_diff=")[1].split()[0])
     assert diff <= 1e-4
-    assert convert.main(["--from_ckpt", str(tmp_path / "ckpt"),
-                         "--to_hf", str(tmp_path / "back")]) == 0
+    assert (
+        convert.main(["--from_ckpt", str(tmp_path / "ckpt"), "--to_hf", str(tmp_path / "back")])
+        == 0
+    )
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "back")).eval()
     ids = torch.tensor(np.random.default_rng(1).integers(0, SIZES["vocab_size"], (2, 9)))
     with torch.no_grad():
-        np.testing.assert_allclose(reloaded(ids).logits.numpy(), model(ids).logits.numpy(),
-                                   atol=1e-6)
+        np.testing.assert_allclose(
+            reloaded(ids).logits.numpy(), model(ids).logits.numpy(), atol=1e-6
+        )
 
 
 def test_gpt2_residual_projections_start_scaled_down():
@@ -97,10 +106,17 @@ def test_gpt2_residual_projections_start_scaled_down():
 
     from t5x_like.models import t5
 
-    cfg = decoder_only.GPTConfig(vocab_size=512, max_position_embeddings=64, hidden_size=256,
-                                 num_layers=8, num_heads=4, intermediate_size=256,
-                                 pre_layer_norm=True, activation="gelu",
-                                 scale_residual_init=True)
+    cfg = decoder_only.GPTConfig(
+        vocab_size=512,
+        max_position_embeddings=64,
+        hidden_size=256,
+        num_layers=8,
+        num_heads=4,
+        intermediate_size=256,
+        pre_layer_norm=True,
+        activation="gelu",
+        scale_residual_init=True,
+    )
     params = t5.nn.meta.unbox(decoder_only.DecoderOnlyModel(cfg).init(jax.random.key(0)))
     scaled = 0.02 / np.sqrt(2 * 8)
     layer = params["layers_3"]
@@ -120,8 +136,10 @@ def test_published_sizes_match_transformers(name, family):
     from t5x_like.models import t5
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    cfg = load_model_config([os.path.join(root, f"gin_configs/models/gpt/{name}.gin")],
-                            config_class=decoder_only.GPTConfig)
+    cfg = load_model_config(
+        [os.path.join(root, f"gin_configs/models/gpt/{name}.gin")],
+        config_class=decoder_only.GPTConfig,
+    )
     ours = t5.count_params(decoder_only.DecoderOnlyModel(cfg).abstract_params())
     config_cls, model_cls = MODELS[family]
     with torch.device("meta"):
@@ -134,5 +152,6 @@ def test_t5_style_language_model_refuses_a_transformers_export():
     from t5x_like.models.decoder_only import GPTConfig
 
     with pytest.raises(hf_gpt.CheckpointError, match="no equivalent"):
-        hf_gpt.hf_config(GPTConfig(norm="rms_norm", position_encoding="relative",
-                                   pre_layer_norm=True))
+        hf_gpt.hf_config(
+            GPTConfig(norm="rms_norm", position_encoding="relative", pre_layer_norm=True)
+        )

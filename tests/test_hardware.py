@@ -21,16 +21,32 @@ def test_train_step_flops_and_mfu_by_hand():
                MLP 2*2*4*8*2 = 256 -> 624
       logits:  2*2*4*10 = 160;  forward 1432;  train step 3 * 1432 * 5 = 21,480.
     At 0.5 s a step on a 1e5 FLOP/s machine: MFU 21,480 / 0.5 / 1e5 = 42.96%."""
-    cfg = T5Config(vocab_size=10, emb_dim=4, num_heads=1, head_dim=2, mlp_dim=8,
-                   num_encoder_layers=1, num_decoder_layers=1)
+    cfg = T5Config(
+        vocab_size=10,
+        emb_dim=4,
+        num_heads=1,
+        head_dim=2,
+        mlp_dim=8,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+    )
     step = flops.train_step_flops(EncoderDecoderModel(cfg).config, {"inputs": 3, "targets": 2}, 5)
     assert step == 21_480
     assert math.isclose(hardware.mfu(step, 0.5, 1e5), 0.4296)
 
 
-@pytest.mark.parametrize("kind,peak", [
-    ("TPU v3", 61.5e12), ("TPU v4", 275e12), ("TPU v5 lite", 197e12), ("TPU v5p", 459e12),
-    ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H200", 989e12)])
+@pytest.mark.parametrize(
+    "kind,peak",
+    [
+        ("TPU v3", 61.5e12),
+        ("TPU v4", 275e12),
+        ("TPU v5 lite", 197e12),
+        ("TPU v5p", 459e12),
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+        ("NVIDIA H100 80GB HBM3", 989e12),
+        ("NVIDIA H200", 989e12),
+    ],
+)
 def test_peak_table(kind, peak):
     assert hardware.device_peak_flops(kind) == peak
 
@@ -52,7 +68,7 @@ def test_each_cpu_matmul_library_is_what_its_options_compile_to(library):
     a = jnp.ones((64, 64))
     options = hardware.CPU_MATMUL_LIBRARIES[library]
     hlo = jax.jit(lambda x: x @ x).lower(a).compile(compiler_options=options).as_text()
-    entry = hlo[hlo.index("ENTRY"):]
+    entry = hlo[hlo.index("ENTRY") :]
     assert ("__ynn_fusion" in entry) == (library == "YNNPACK")
     assert (" dot(" in entry) == (library == "Eigen")
 
@@ -86,21 +102,21 @@ def test_a_library_this_jaxlib_cannot_compile_is_skipped(monkeypatch):
 # jax's device_kind strings (what `jax.devices()[0].device_kind` says: libtpu's names for
 # TPUs, CUDA's device name for NVIDIA GPUs) -> the data sheets' dense bf16 peak per device.
 DATASHEET_PEAKS = [
-    ("TPU v4", 275e12),                   # Cloud TPU v4 docs: 275 TFLOP/s bf16 per chip
-    ("TPU v5 lite", 197e12),              # Cloud TPU v5e docs: 197
-    ("TPU v5", 459e12),                   # Cloud TPU v5p docs: 459 (jax's name for v5p)
+    ("TPU v4", 275e12),  # Cloud TPU v4 docs: 275 TFLOP/s bf16 per chip
+    ("TPU v5 lite", 197e12),  # Cloud TPU v5e docs: 197
+    ("TPU v5", 459e12),  # Cloud TPU v5p docs: 459 (jax's name for v5p)
     ("TPU v5p", 459e12),
-    ("TPU v6 lite", 918e12),              # Cloud TPU v6e (Trillium) docs: 918
-    ("NVIDIA A100-SXM4-80GB", 312e12),    # A100 data sheet: 312 (624 sparse)
+    ("TPU v6 lite", 918e12),  # Cloud TPU v6e (Trillium) docs: 918
+    ("NVIDIA A100-SXM4-80GB", 312e12),  # A100 data sheet: 312 (624 sparse)
     ("NVIDIA A100-SXM4-40GB", 312e12),
     ("NVIDIA A100-PCIE-40GB", 312e12),
-    ("NVIDIA H100 80GB HBM3", 989e12),    # H100 SXM: 1,979 sparse / 2
-    ("NVIDIA H100 PCIe", 756e12),         # H100 PCIe: 1,513 sparse / 2
-    ("NVIDIA H100 NVL", 835e12),          # H100 NVL: 1,671 sparse / 2
-    ("NVIDIA H200", 989e12),              # H200 SXM: 1,979 sparse / 2
-    ("NVIDIA H200 NVL", 835e12),          # H200 NVL: 1,671 sparse / 2
-    ("NVIDIA B200", 2250e12),             # HGX B200: 4.5 PFLOP/s sparse / 2
-    ("NVIDIA GB200", 2500e12),            # GB200 NVL72: 360 PFLOP/s sparse / 72 / 2
+    ("NVIDIA H100 80GB HBM3", 989e12),  # H100 SXM: 1,979 sparse / 2
+    ("NVIDIA H100 PCIe", 756e12),  # H100 PCIe: 1,513 sparse / 2
+    ("NVIDIA H100 NVL", 835e12),  # H100 NVL: 1,671 sparse / 2
+    ("NVIDIA H200", 989e12),  # H200 SXM: 1,979 sparse / 2
+    ("NVIDIA H200 NVL", 835e12),  # H200 NVL: 1,671 sparse / 2
+    ("NVIDIA B200", 2250e12),  # HGX B200: 4.5 PFLOP/s sparse / 2
+    ("NVIDIA GB200", 2500e12),  # GB200 NVL72: 360 PFLOP/s sparse / 72 / 2
 ]
 
 

@@ -26,14 +26,24 @@ VARIANTS = {
 
 def _make_hf_checkpoint(directory, variant: str, seed: int = 0):
     cfg = transformers.T5Config(
-        vocab_size=128, d_model=48, d_kv=12, d_ff=96, num_layers=2, num_decoder_layers=3,
-        num_heads=4, relative_attention_num_buckets=32, relative_attention_max_distance=128,
-        dropout_rate=0.0, decoder_start_token_id=0, **VARIANTS[variant])
+        vocab_size=128,
+        d_model=48,
+        d_kv=12,
+        d_ff=96,
+        num_layers=2,
+        num_decoder_layers=3,
+        num_heads=4,
+        relative_attention_num_buckets=32,
+        relative_attention_max_distance=128,
+        dropout_rate=0.0,
+        decoder_start_token_id=0,
+        **VARIANTS[variant],
+    )
     torch.manual_seed(seed)
     model = transformers.T5ForConditionalGeneration(cfg)
     if not VARIANTS[variant]["tie_word_embeddings"]:
         model.lm_head = torch.nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        torch.nn.init.normal_(model.lm_head.weight, std=cfg.d_model ** -0.5)
+        torch.nn.init.normal_(model.lm_head.weight, std=cfg.d_model**-0.5)
     # Random init leaves layer norm scales at 1; perturb them so the test sees them.
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -57,8 +67,9 @@ def test_logits_match_reference(hf_checkpoint):
     assert config.num_encoder_layers == 2 and config.num_decoder_layers == 3
     assert config.logits_via_embedding == (variant == "v1_0_relu_tied")
     for seed in range(2):
-        batch = hf_reference.example_batch(config.vocab_size, batch_size=3, input_len=20,
-                                           target_len=11, seed=seed)
+        batch = hf_reference.example_batch(
+            config.vocab_size, batch_size=3, input_len=20, target_len=11, seed=seed
+        )
         diffs = hf_reference.max_abs_differences(hf_model, config, params, batch)
         assert diffs["encoder"] <= 1e-4, diffs
         assert diffs["logit"] <= 1e-4, diffs
@@ -68,9 +79,11 @@ def test_verification_detects_a_wrong_parameter(hf_checkpoint):
     _, directory, hf_model = hf_checkpoint
     config, params = hf_t5.load_hf_checkpoint(str(directory))
     params["decoder"]["layers_1"]["mlp"]["wo"]["kernel"] = (
-        params["decoder"]["layers_1"]["mlp"]["wo"]["kernel"] * 1.01)
-    diffs = hf_reference.max_abs_differences(hf_model, config, params,
-                                             hf_reference.example_batch(config.vocab_size))
+        params["decoder"]["layers_1"]["mlp"]["wo"]["kernel"] * 1.01
+    )
+    diffs = hf_reference.max_abs_differences(
+        hf_model, config, params, hf_reference.example_batch(config.vocab_size)
+    )
     assert diffs["logit"] > 1e-4
 
 
@@ -85,8 +98,9 @@ def test_convert_cli_verifies_and_writes_a_restorable_checkpoint(hf_checkpoint, 
     assert params_io.restore_config(str(out)) == config
     abstract = unbox(EncoderDecoderModel(config).abstract_params())
     restored = params_io.restore_params(str(out), abstract)
-    np.testing.assert_array_equal(restored["token_embedder"]["embedding"],
-                                  params["token_embedder"]["embedding"])
+    np.testing.assert_array_equal(
+        restored["token_embedder"]["embedding"], params["token_embedder"]["embedding"]
+    )
 
 
 def test_scanned_round_trip_back_to_transformers(hf_checkpoint, tmp_path, capsys):
@@ -94,13 +108,17 @@ def test_scanned_round_trip_back_to_transformers(hf_checkpoint, tmp_path, capsys
     same model, every tensor equal (the untied v1.1 output layer stays untied)."""
     _, directory, hf_model = hf_checkpoint
     scanned, per_layer, back = tmp_path / "scanned", tmp_path / "per_layer", tmp_path / "hf"
-    assert convert.main(["--from_hf", str(directory), "--to", str(scanned),
-                         "--layout", "scanned"]) == 0
+    assert (
+        convert.main(["--from_hf", str(directory), "--to", str(scanned), "--layout", "scanned"])
+        == 0
+    )
     assert params_io.restore_config(str(scanned)).scan_layers
     saved = params_io.restore_saved_params(str(scanned))
     assert "layers" in saved["encoder"] and "layers_0" not in saved["encoder"]
-    assert convert.main(["--from_ckpt", str(scanned), "--to", str(per_layer),
-                         "--layout", "per_layer"]) == 0
+    assert (
+        convert.main(["--from_ckpt", str(scanned), "--to", str(per_layer), "--layout", "per_layer"])
+        == 0
+    )
     assert not params_io.restore_config(str(per_layer)).scan_layers
     for source in (scanned, per_layer):
         assert convert.main(["--from_ckpt", str(source), "--to_hf", str(back)]) == 0
@@ -127,10 +145,13 @@ def _rewrite(directory, edit):
 
 
 def test_missing_tensor_is_named(editable_checkpoint):
-    _rewrite(editable_checkpoint,
-             lambda t: t.pop("decoder.block.2.layer.1.EncDecAttention.k.weight"))
-    with pytest.raises(hf_t5.CheckpointError,
-                       match=r"Missing.*decoder\.block\.2\.layer\.1\.EncDecAttention\.k\.weight"):
+    _rewrite(
+        editable_checkpoint, lambda t: t.pop("decoder.block.2.layer.1.EncDecAttention.k.weight")
+    )
+    with pytest.raises(
+        hf_t5.CheckpointError,
+        match=r"Missing.*decoder\.block\.2\.layer\.1\.EncDecAttention\.k\.weight",
+    ):
         hf_t5.load_hf_checkpoint(str(editable_checkpoint))
 
 
@@ -141,11 +162,16 @@ def test_missing_untied_lm_head_is_named(editable_checkpoint):
 
 
 def test_unknown_tensor_is_named(editable_checkpoint):
-    _rewrite(editable_checkpoint,
-             lambda t: t.update({"encoder.block.7.layer.0.SelfAttention.q.weight":
-                                 np.zeros((48, 48), np.float32)}))
-    with pytest.raises(hf_t5.CheckpointError,
-                       match=r"Unknown.*encoder\.block\.7\.layer\.0\.SelfAttention\.q\.weight"):
+    _rewrite(
+        editable_checkpoint,
+        lambda t: t.update(
+            {"encoder.block.7.layer.0.SelfAttention.q.weight": np.zeros((48, 48), np.float32)}
+        ),
+    )
+    with pytest.raises(
+        hf_t5.CheckpointError,
+        match=r"Unknown.*encoder\.block\.7\.layer\.0\.SelfAttention\.q\.weight",
+    ):
         hf_t5.load_hf_checkpoint(str(editable_checkpoint))
 
 
@@ -154,8 +180,11 @@ def test_wrong_shape_is_named(editable_checkpoint):
     cfg = json.loads(config_path.read_text())
     cfg["d_ff"] = 64
     config_path.write_text(json.dumps(cfg))
-    with pytest.raises(hf_t5.CheckpointError, match=r"Tensor encoder\.block\.0\.layer\.1\."
-                                                    r"DenseReluDense\.wi_0\.weight gives shape"):
+    with pytest.raises(
+        hf_t5.CheckpointError,
+        match=r"Tensor encoder\.block\.0\.layer\.1\."
+        r"DenseReluDense\.wi_0\.weight gives shape",
+    ):
         hf_t5.load_hf_checkpoint(str(editable_checkpoint))
 
 

@@ -19,13 +19,20 @@ def _flags_after_import(xla_flags: str | None) -> str:
         env["XLA_FLAGS"] = xla_flags
     return subprocess.run(
         [sys.executable, "-c", "import os, t5x_like; print(os.environ['XLA_FLAGS'])"],
-        cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout.strip()
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
 
 
 def test_default_cpu_flag_is_added_to_existing_flags():
     assert _flags_after_import(None) == "--xla_cpu_experimental_ynn_fusion_type=dot"
     assert _flags_after_import("--xla_force_host_platform_device_count=2").split() == [
-        "--xla_force_host_platform_device_count=2", "--xla_cpu_experimental_ynn_fusion_type=dot"]
+        "--xla_force_host_platform_device_count=2",
+        "--xla_cpu_experimental_ynn_fusion_type=dot",
+    ]
 
 
 def test_a_users_choice_wins():
@@ -36,10 +43,18 @@ def test_a_users_choice_wins():
 def test_the_flag_is_one_this_jax_accepts():
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     out = subprocess.run(
-        [sys.executable, "-c", "import t5x_like, jax, jax.numpy as jnp; "
-                               "print(float(jax.jit(lambda x: (x @ x).sum())(jnp.ones((4, 4)))))"],
-        cwd=ROOT, env={**env, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True,
-        check=True)
+        [
+            sys.executable,
+            "-c",
+            "import t5x_like, jax, jax.numpy as jnp; "
+            "print(float(jax.jit(lambda x: (x @ x).sum())(jnp.ones((4, 4)))))",
+        ],
+        cwd=ROOT,
+        env={**env, "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip().endswith("64.0")
 
 
@@ -71,8 +86,14 @@ def _page_faults_reallocating(malloc_setting: str | None, size: int = 2**28) -> 
     env = {k: v for k, v in os.environ.items() if k != "T5X_LIKE_HOST_MALLOC"}
     if malloc_setting is not None:
         env["T5X_LIKE_HOST_MALLOC"] = malloc_setting
-    out = subprocess.run([sys.executable, "-c", _FAULTS, str(size)], cwd=ROOT, env=env,
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _FAULTS, str(size)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return int(out.stdout.strip().splitlines()[-1])
 
 
@@ -105,8 +126,9 @@ print('tensorflow' in sys.modules)
 def test_a_process_that_only_runs_steps_does_not_import_tensorflow():
     """TensorFlow (and seqio, which imports it) costs ~0.9 GB of host memory: only the data
     pipeline and file access need it, so the trainer and the models import it lazily."""
-    out = subprocess.run([sys.executable, "-c", STEP_ONLY], cwd=ROOT, capture_output=True,
-                         text=True, check=True).stdout.split("\n")
+    out = subprocess.run(
+        [sys.executable, "-c", STEP_ONLY], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split("\n")
     assert out[0] == "[]"
     assert out[1] == "True"
 
@@ -147,8 +169,9 @@ def test_a_large_compile_hands_back_the_free_heap_pages():
     """The kept heap also kept what XLA's compiler freed, resident: 210 MiB of the standard
     T5 step's 2.1 GB peak. After a compile of a second or more the free pages go back to the
     kernel; after a short one (eager code compiles hundreds) nothing is done."""
-    out = subprocess.run([sys.executable, "-c", _RELEASE], cwd=ROOT, capture_output=True,
-                         text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", _RELEASE], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     released_short, released_long, jax_reports_compiles = int(out[0]), int(out[1]), out[2]
     assert released_short < 16
     assert released_long > 448

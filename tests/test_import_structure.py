@@ -18,8 +18,15 @@ import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("t5x_like", "tasks", "benchmarks")
-ENTRY_POINTS = {"t5x_like.cli", "t5x_like.plan", "t5x_like.train", "t5x_like.eval",
-                "t5x_like.infer", "t5x_like.convert", "t5x_like.report"}
+ENTRY_POINTS = {
+    "t5x_like.cli",
+    "t5x_like.plan",
+    "t5x_like.train",
+    "t5x_like.eval",
+    "t5x_like.infer",
+    "t5x_like.convert",
+    "t5x_like.report",
+}
 
 
 def _modules() -> dict[str, str]:
@@ -41,8 +48,11 @@ def _imported(module: str, path: str, known: set[str], module_level_only: bool) 
     tree = ast.parse(open(path, encoding="utf-8").read())
     is_package = path.endswith("__init__.py")
     if module_level_only:
-        nodes = [n for top in tree.body
-                 for n in (ast.walk(top) if isinstance(top, (ast.If, ast.Try)) else [top])]
+        nodes = [
+            n
+            for top in tree.body
+            for n in (ast.walk(top) if isinstance(top, (ast.If, ast.Try)) else [top])
+        ]
     else:
         nodes = list(ast.walk(tree))
     names: set[str] = set()
@@ -53,7 +63,7 @@ def _imported(module: str, path: str, known: set[str], module_level_only: bool) 
             base = node.module or ""
             if node.level:
                 parts = module.split(".") if is_package else module.split(".")[:-1]
-                parts = parts[:len(parts) - node.level + 1]
+                parts = parts[: len(parts) - node.level + 1]
                 base = ".".join(parts + ([base] if base else []))
             for alias in node.names:
                 full = f"{base}.{alias.name}"
@@ -82,7 +92,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         path.pop()
@@ -119,13 +129,19 @@ def test_errors_and_config_are_leaves():
 
 def test_the_library_never_imports_tasks():
     graph = _graph(module_level_only=False)
-    offenders = sorted(f"{m} -> {d}" for m, deps in graph.items() if m.startswith("t5x_like")
-                       and m != "t5x_like.gin_setup" for d in deps if d.split(".")[0] == "tasks")
+    offenders = sorted(
+        f"{m} -> {d}"
+        for m, deps in graph.items()
+        if m.startswith("t5x_like") and m != "t5x_like.gin_setup"
+        for d in deps
+        if d.split(".")[0] == "tasks"
+    )
     assert offenders == []
 
 
 def test_only_entry_points_import_gin_setup():
     graph = _graph(module_level_only=False)
-    importers = {m for m, deps in graph.items()
-                 if m.startswith("t5x_like") and "t5x_like.gin_setup" in deps}
+    importers = {
+        m for m, deps in graph.items() if m.startswith("t5x_like") and "t5x_like.gin_setup" in deps
+    }
     assert importers <= ENTRY_POINTS, importers - ENTRY_POINTS

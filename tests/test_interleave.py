@@ -28,9 +28,11 @@ def test_a_round_ratio_uses_only_its_own_steps():
     assert interleave.quartiles(ratios)["ratio_median"] == pytest.approx(1.5)
 
 
-WORKER = ("from benchmarks import interleave\n"
-          "interleave.serve(interleave.timed(lambda: sum(range(1000))))\n"
-          "print('done', flush=True)\n")
+WORKER = (
+    "from benchmarks import interleave\n"
+    "interleave.serve(interleave.timed(lambda: sum(range(1000))))\n"
+    "print('done', flush=True)\n"
+)
 
 
 def test_a_step_server_answers_each_request_with_seconds_and_ends_on_close():
@@ -43,8 +45,10 @@ def test_a_step_server_answers_each_request_with_seconds_and_ends_on_close():
 
 
 def test_a_worker_can_say_what_it_runs_when_ready():
-    worker = ("from benchmarks import interleave\n"
-              "interleave.serve(interleave.timed(lambda: None), about='Eigen')\n")
+    worker = (
+        "from benchmarks import interleave\n"
+        "interleave.serve(interleave.timed(lambda: None), about='Eigen')\n"
+    )
     server = interleave.StepServer([sys.executable, "-c", worker], name="test worker")
     server.wait_ready()
     assert server.about == "Eigen"
@@ -52,7 +56,8 @@ def test_a_worker_can_say_what_it_runs_when_ready():
 
 
 def test_a_worker_that_dies_before_ready_is_reported():
-    server = interleave.StepServer([sys.executable, "-c", "raise SystemExit(3)"],
-                                   name="broken worker")
+    server = interleave.StepServer(
+        [sys.executable, "-c", "raise SystemExit(3)"], name="broken worker"
+    )
     with pytest.raises(SystemExit, match="broken worker process failed to start.*exit code 3"):
         server.wait_ready()

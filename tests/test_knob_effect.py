@@ -8,17 +8,33 @@ import pytest
 
 from benchmarks import knob_effect
 
-TINY_T5 = ("--gin T5Config.vocab_size=256 --gin T5Config.emb_dim=32 --gin T5Config.num_heads=2 "
-           "--gin T5Config.head_dim=16 --gin T5Config.mlp_dim=64 "
-           "--gin T5Config.num_encoder_layers=2 --gin T5Config.num_decoder_layers=2 "
-           "--gin T5Config.dropout_rate=0.0")
+TINY_T5 = (
+    "--gin T5Config.vocab_size=256 --gin T5Config.emb_dim=32 --gin T5Config.num_heads=2 "
+    "--gin T5Config.head_dim=16 --gin T5Config.mlp_dim=64 "
+    "--gin T5Config.num_encoder_layers=2 --gin T5Config.num_decoder_layers=2 "
+    "--gin T5Config.dropout_rate=0.0"
+)
 
 
 def test_knobs_interleaved_against_the_plain_step(tmp_path, capsys):
     out = tmp_path / "knobs.json"
-    result = knob_effect.main(["--base", TINY_T5, "--inputs", "32", "--targets", "16",
-                               "--rounds", "4", "--knob", "--loss_chunk_length 8",
-                               "--knob=--scan_layers", "--out", str(out)])
+    result = knob_effect.main(
+        [
+            "--base",
+            TINY_T5,
+            "--inputs",
+            "32",
+            "--targets",
+            "16",
+            "--rounds",
+            "4",
+            "--knob",
+            "--loss_chunk_length 8",
+            "--knob=--scan_layers",
+            "--out",
+            str(out),
+        ]
+    )
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     chunked, scanned = result["knobs"]
     assert [chunked["knob"], scanned["knob"]] == ["--loss_chunk_length 8", "--scan_layers"]
@@ -36,8 +52,10 @@ def test_knobs_interleaved_against_the_plain_step(tmp_path, capsys):
     assert "--loss_chunk_length 8" in printed and "knob/plain" in printed
 
 
-@pytest.mark.parametrize("knob,message", [("--remat_policy bogus", "remat_policy='bogus'"),
-                                          ("--no_such_option 3", "is not a step")])
+@pytest.mark.parametrize(
+    "knob,message",
+    [("--remat_policy bogus", "remat_policy='bogus'"), ("--no_such_option 3", "is not a step")],
+)
 def test_a_bad_knob_fails_before_any_worker_starts(knob, message, monkeypatch, capsys):
     def no_worker(*args, **kwargs):
         raise AssertionError("a worker was started for a knob that cannot be built")

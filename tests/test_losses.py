@@ -20,8 +20,8 @@ def test_z_loss_adds_squared_log_normaliser():
     logits = jnp.array([[1.0, 2.0, 3.0]])
     lse = np.log(np.exp(1) + np.exp(2) + np.exp(3))
     loss, z = losses.cross_entropy_with_logits(logits, jnp.array([2]), z_loss=1e-4)
-    np.testing.assert_allclose(z, [1e-4 * lse ** 2], rtol=1e-6)
-    np.testing.assert_allclose(loss, [lse - 3.0 + 1e-4 * lse ** 2], rtol=1e-6)
+    np.testing.assert_allclose(z, [1e-4 * lse**2], rtol=1e-6)
+    np.testing.assert_allclose(loss, [lse - 3.0 + 1e-4 * lse**2], rtol=1e-6)
 
 
 def test_label_smoothing_is_zero_at_the_smoothed_optimum():

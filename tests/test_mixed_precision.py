@@ -19,21 +19,45 @@ BF16_RTOL = 3e-2
 
 def _model(family: str, dtype: str):
     if family == "t5":
-        return EncoderDecoderModel(t5.T5Config(
-            vocab_size=VOCAB, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64,
-            num_encoder_layers=2, num_decoder_layers=2, dropout_rate=0.0,
-            mlp_activations=("gelu", "linear"), logits_via_embedding=False, dtype=dtype))
-    return DecoderOnlyModel(GPTConfig(
-        vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
-        max_position_embeddings=16, dropout_rate=0.0, attention_dropout_rate=0.0, dtype=dtype))
+        return EncoderDecoderModel(
+            t5.T5Config(
+                vocab_size=VOCAB,
+                emb_dim=32,
+                num_heads=2,
+                head_dim=16,
+                mlp_dim=64,
+                num_encoder_layers=2,
+                num_decoder_layers=2,
+                dropout_rate=0.0,
+                mlp_activations=("gelu", "linear"),
+                logits_via_embedding=False,
+                dtype=dtype,
+            )
+        )
+    return DecoderOnlyModel(
+        GPTConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_layers=2,
+            num_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=16,
+            dropout_rate=0.0,
+            attention_dropout_rate=0.0,
+            dtype=dtype,
+        )
+    )
 
 
 @pytest.mark.parametrize("family", ["t5", "decoder_only"])
 def test_bfloat16_loss_and_gradients_within_bfloat16_tolerance(family):
     batch = _t5_batch() if family == "t5" else _gpt_batch()
     f32, bf16 = _model(family, "float32"), _model(family, "bfloat16")
-    init = (lambda m: m.init(jax.random.key(0), 6, 8)) if family == "t5" else (
-        lambda m: m.init(jax.random.key(0)))
+    init = (
+        (lambda m: m.init(jax.random.key(0), 6, 8))
+        if family == "t5"
+        else (lambda m: m.init(jax.random.key(0)))
+    )
     params = unbox(jax.jit(lambda: init(f32))())
 
     def loss_and_grads(model):
@@ -47,11 +71,14 @@ def test_bfloat16_loss_and_gradients_within_bfloat16_tolerance(family):
     assert loss_bf16.dtype == jnp.float32
     np.testing.assert_allclose(loss_bf16, loss, rtol=BF16_RTOL)
     assert abs(float(loss_bf16) - float(loss)) > 0  # bfloat16 really ran
-    for (path, g), g16 in zip(jax.tree_util.tree_leaves_with_path(grads),
-                              jax.tree_util.tree_leaves(grads_bf16)):
+    for (path, g), g16 in zip(
+        jax.tree_util.tree_leaves_with_path(grads), jax.tree_util.tree_leaves(grads_bf16)
+    ):
         assert g16.dtype == jnp.float32, path
         # Per tensor: the difference is small against the tensor's own size.
         err = np.linalg.norm(np.asarray(g16) - np.asarray(g))
         assert err <= BF16_RTOL * np.linalg.norm(np.asarray(g)) + 1e-6, (
-            jax.tree_util.keystr(path), err)
+            jax.tree_util.keystr(path),
+            err,
+        )
     assert jax.eval_shape(bf16.logits, params, batch).dtype == jnp.float32

@@ -24,20 +24,25 @@ def _task(name, size):
     seqio.TaskRegistry.remove(f"mix_test_{name}")
     return seqio.TaskRegistry.add(
         f"mix_test_{name}",
-        source=seqio.FunctionDataSource(dataset_fn, splits=("train",),
-                                        num_input_examples={"train": size}),
-        preprocessors=[seqio.preprocessors.tokenize], output_features=features)
+        source=seqio.FunctionDataSource(
+            dataset_fn, splits=("train",), num_input_examples={"train": size}
+        ),
+        preprocessors=[seqio.preprocessors.tokenize],
+        output_features=features,
+    )
 
 
 def _sample(rate, n=6000):
     for name, size in SIZES.items():
         _task(name, size)
     seqio.MixtureRegistry.remove("mix_test")
-    mixture = seqio.MixtureRegistry.add("mix_test", [f"mix_test_{n}" for n in SIZES],
-                                        default_rate=rate)
+    mixture = seqio.MixtureRegistry.add(
+        "mix_test", [f"mix_test_{n}" for n in SIZES], default_rate=rate
+    )
     ds = mixture.get_dataset({"inputs": 4, "targets": 4}, split="train", shuffle=False, seed=0)
-    counts = collections.Counter(VOCAB.decode(ex["inputs"].tolist())
-                                 for ex in ds.take(n).as_numpy_iterator())
+    counts = collections.Counter(
+        VOCAB.decode(ex["inputs"].tolist()) for ex in ds.take(n).as_numpy_iterator()
+    )
     return {name: counts[name] / n for name in SIZES}, mixture
 
 
@@ -56,7 +61,7 @@ def test_examples_proportional_with_limit():
 
 def test_temperature_scaled():
     got, _ = _sample(mixtures.temperature_scaled(2.0, maximum=2000))
-    rates = {"small": 100 ** 0.5, "medium": 1000 ** 0.5, "large": 2000 ** 0.5}
+    rates = {"small": 100**0.5, "medium": 1000**0.5, "large": 2000**0.5}
     for name, want in _expected(rates).items():
         assert got[name] == pytest.approx(want, abs=0.02), name
 
@@ -81,5 +86,9 @@ def test_registered_mixtures_hold_the_papers_tasks():
         assert len(mixtures.ALL_TASKS) == 1 + 8 + 9 + 5
         for name in mixtures.EVAL_ONLY_TASKS:
             assert mix.get_rate(seqio.get_mixture_or_task(name)) == 0.0
-    assert np.isclose(seqio.get_mixture_or_task("all_mix_equal").get_rate(
-        seqio.get_mixture_or_task("squad_v010_allanswers")), 1.0)
+    assert np.isclose(
+        seqio.get_mixture_or_task("all_mix_equal").get_rate(
+            seqio.get_mixture_or_task("squad_v010_allanswers")
+        ),
+        1.0,
+    )

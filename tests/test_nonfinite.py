@@ -13,29 +13,49 @@ import pytest
 
 from t5x_like import logs, partitioning, run_health, train, trainer
 from t5x_like.errors import ConfigError
-from t5x_like.models.t5 import T5Config
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
+from t5x_like.models.t5 import T5Config
 from tests.test_train import TINY_RUN
 
 
 def _tiny_step(policy, inject=(1,)):
-    model = EncoderDecoderModel(T5Config(vocab_size=64, emb_dim=16, num_heads=2, head_dim=8,
-                                         mlp_dim=32, num_encoder_layers=1, num_decoder_layers=1,
-                                         dropout_rate=0.0))
+    model = EncoderDecoderModel(
+        T5Config(
+            vocab_size=64,
+            emb_dim=16,
+            num_heads=2,
+            head_dim=8,
+            mlp_dim=32,
+            num_encoder_layers=1,
+            num_decoder_layers=1,
+            dropout_rate=0.0,
+        )
+    )
     tx = optax.adam(1e-2)
     mesh = partitioning.make_mesh(num_partitions=1)
     layout = trainer.make_layout(model, tx, mesh, partitioning.logical_axis_rules())
     state = trainer.init_state(model, tx, jax.random.key(0), layout)
-    step = trainer.make_train_step(model, tx, lambda s: 1e-2, layout,
-                                   nonfinite_policy=policy, inject_nonfinite_at_steps=inject)
+    step = trainer.make_train_step(
+        model, tx, lambda s: 1e-2, layout, nonfinite_policy=policy, inject_nonfinite_at_steps=inject
+    )
     rows = np.arange(8 * 6).reshape(8, 6) % 60 + 2
-    batch = {"encoder_input_tokens": rows, "decoder_input_tokens": rows,
-             "decoder_target_tokens": rows, "decoder_loss_weights": np.ones_like(rows)}
+    batch = {
+        "encoder_input_tokens": rows,
+        "decoder_input_tokens": rows,
+        "decoder_target_tokens": rows,
+        "decoder_loss_weights": np.ones_like(rows),
+    }
     return state, step, layout.global_batch(batch)
 
 
-@pytest.mark.parametrize("policy", [pytest.param("skip", marks=pytest.mark.slow), "stop",
-                                    pytest.param("none", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "policy",
+    [
+        pytest.param("skip", marks=pytest.mark.slow),
+        "stop",
+        pytest.param("none", marks=pytest.mark.slow),
+    ],
+)
 def test_a_nan_step_keeps_the_old_state_under_skip_and_stop(policy):
     state, step, batch = _tiny_step(policy)
     before = jax.device_get(state)
@@ -53,9 +73,13 @@ def test_a_nan_step_keeps_the_old_state_under_skip_and_stop(policy):
         state, metrics = step(state, batch, jax.random.key(1))
         assert int(metrics["nonfinite"]) == 0 and np.isfinite(float(metrics["loss"]))
         assert int(state.step) == 2
-        moved = [not np.array_equal(a, b) for a, b in zip(
-            jax.tree_util.tree_leaves(before.params),
-            jax.tree_util.tree_leaves(jax.device_get(state.params)))]
+        moved = [
+            not np.array_equal(a, b)
+            for a, b in zip(
+                jax.tree_util.tree_leaves(before.params),
+                jax.tree_util.tree_leaves(jax.device_get(state.params)),
+            )
+        ]
         assert all(moved)
 
 
@@ -65,11 +89,18 @@ def test_unknown_policy_is_refused():
 
 
 def _run(tmp_path, *bindings):
-    return train.main(["--gin_file=gin_configs/runs/quickstart.gin"]
-                      + [f"--gin.{b}" for b in TINY_RUN]
-                      + [f"--gin.MODEL_DIR={tmp_path}/run", "--gin.train.eval_every=0",
-                         "--gin.train.num_predictions=0", "--gin.train.log_every=2",
-                         "--gin.train.checkpoint_every=100", *bindings])
+    return train.main(
+        ["--gin_file=gin_configs/runs/quickstart.gin"]
+        + [f"--gin.{b}" for b in TINY_RUN]
+        + [
+            f"--gin.MODEL_DIR={tmp_path}/run",
+            "--gin.train.eval_every=0",
+            "--gin.train.num_predictions=0",
+            "--gin.train.log_every=2",
+            "--gin.train.checkpoint_every=100",
+            *bindings,
+        ]
+    )
 
 
 @pytest.mark.slow  # a training run (the default suite must stay under 15 minutes)
@@ -84,8 +115,12 @@ def test_stop_policy_saves_the_last_good_state_and_names_step_and_metric(tmp_pat
 
 @pytest.mark.slow  # a training run (the default suite must stay under 15 minutes)
 def test_skip_policy_drops_the_update_counts_it_and_goes_on(tmp_path, capsys):
-    code = _run(tmp_path, "--gin.TRAIN_STEPS=6", "--gin.train.inject_nonfinite_at_steps=(3,)",
-                "--gin.train.nonfinite_policy=skip")
+    code = _run(
+        tmp_path,
+        "--gin.TRAIN_STEPS=6",
+        "--gin.train.inject_nonfinite_at_steps=(3,)",
+        "--gin.train.nonfinite_policy=skip",
+    )
     assert code == 0
     out = capsys.readouterr().out
     assert "step       3  non-finite loss nan, grad_norm nan: update skipped" in out

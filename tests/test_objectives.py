@@ -34,9 +34,11 @@ def masked(ids) -> str:
 def test_prefix_lm_row():
     prefix = tf.range(11) < 4  # the split the row shows, as a prefix noise mask
     assert text(objectives.drop_nonnoise_tokens(TOKENS, prefix, VOCAB)) == (
-        "Thank you for inviting")
+        "Thank you for inviting"
+    )
     assert text(objectives.drop_noise_tokens(TOKENS, prefix, VOCAB)) == (
-        "me to your party last week .")
+        "me to your party last week ."
+    )
 
 
 def test_bert_style_row():
@@ -44,8 +46,9 @@ def test_bert_style_row():
     # "apple". Targets are the original text.
     use_random = tf.constant([w == "last" for w in SENTENCE.split()])
     random_tokens = tf.fill(tf.shape(TOKENS), VOCAB.encode("apple")[0])
-    inputs = objectives.replace_noise_tokens(TOKENS, IID, use_random, random_tokens,
-                                             preprocessors.sentinel_id(VOCAB))
+    inputs = objectives.replace_noise_tokens(
+        TOKENS, IID, use_random, random_tokens, preprocessors.sentinel_id(VOCAB)
+    )
     assert masked(inputs) == "Thank you <M> <M> me to your party apple week ."
 
 
@@ -55,8 +58,10 @@ def test_deshuffling_row():
     inputs = objectives.permute_noise_tokens(TOKENS, tf.ones([11], tf.bool), VOCAB, SEEDS)
     assert sorted(text(inputs).split()) == sorted(SENTENCE.split())
     assert text(inputs) != SENTENCE
-    order = [SENTENCE.split().index(w) for w in
-             "party me for your to . last you inviting week Thank".split()]
+    order = [
+        SENTENCE.split().index(w)
+        for w in "party me for your to . last you inviting week Thank".split()
+    ]
     assert text(tf.gather(TOKENS, order)) == "party me for your to . last you inviting week Thank"
 
 
@@ -67,22 +72,27 @@ def test_mass_style_row():
 
 def test_iid_replace_spans_row():
     assert text(preprocessors.noise_span_to_unique_sentinel(TOKENS, IID, VOCAB)) == (
-        "Thank you <X> me to your party <Y> week .")
+        "Thank you <X> me to your party <Y> week ."
+    )
     assert text(preprocessors.nonnoise_span_to_unique_sentinel(TOKENS, IID, VOCAB)) == (
-        "<X> for inviting <Y> last <Z>")
+        "<X> for inviting <Y> last <Z>"
+    )
 
 
 def test_iid_drop_tokens_row():
     assert text(objectives.drop_noise_tokens(TOKENS, IID, VOCAB)) == (
-        "Thank you me to your party week .")
+        "Thank you me to your party week ."
+    )
     assert text(objectives.drop_nonnoise_tokens(TOKENS, IID, VOCAB)) == "for inviting last"
 
 
 def test_random_spans_row():
     assert text(preprocessors.noise_span_to_unique_sentinel(TOKENS, SPANS, VOCAB)) == (
-        "Thank you <X> to <Y> week .")
+        "Thank you <X> to <Y> week ."
+    )
     assert text(preprocessors.nonnoise_span_to_unique_sentinel(TOKENS, SPANS, VOCAB)) == (
-        "<X> for inviting me <Y> your party last <Z>")
+        "<X> for inviting me <Y> your party last <Z>"
+    )
 
 
 # --------------------------------------------------------------------------- rates
@@ -103,8 +113,8 @@ def _runs(mask):
 @pytest.mark.parametrize("density", [0.10, 0.15, 0.25, 0.50])
 def test_random_spans_rate_and_mean_length(density, mean_span):
     mask = preprocessors.random_spans_noise_mask(
-        10000, density, tf.constant([[7, 8], [9, 10]]),
-        mean_noise_span_length=mean_span).numpy()
+        10000, density, tf.constant([[7, 8], [9, 10]]), mean_noise_span_length=mean_span
+    ).numpy()
     assert abs(mask.mean() - density) < 1e-3  # exactly round(n * density) noise tokens
     assert abs(_runs(mask).mean() - mean_span) < 0.05 * mean_span
 
@@ -115,7 +125,8 @@ def test_bert_style_masks_90_percent_and_swaps_10():
     mask_id = preprocessors.sentinel_id(VOCAB)
     for skip_sentinels in (False, True):
         out = objectives.noise_token_to_random_token_or_sentinel(
-            tokens, noise, VOCAB, SEEDS, skip_sentinels=skip_sentinels).numpy()
+            tokens, noise, VOCAB, SEEDS, skip_sentinels=skip_sentinels
+        ).numpy()
         # 20,000 draws at p = 0.9: the standard error is 0.0021, so 0.01 is ~4.7 of them.
         assert abs((out == mask_id).mean() - 0.9) < 0.01
         swapped = out[out != mask_id]
@@ -136,8 +147,13 @@ def _run(objective, density=0.15, mean_span=3.0, n_docs=20):
     features = {"inputs": seqio.Feature(VOCAB), "targets": seqio.Feature(VOCAB)}
     with seqio.utils.map_seed_manager(42):
         out = objectives.unsupervised_objective(
-            ds, {"inputs": 64, "targets": 64}, features, objective=objective,
-            noise_density=density, mean_noise_span_length=mean_span)
+            ds,
+            {"inputs": 64, "targets": 64},
+            features,
+            objective=objective,
+            noise_density=density,
+            mean_noise_span_length=mean_span,
+        )
     return list(out.as_numpy_iterator())
 
 
@@ -187,8 +203,9 @@ def test_every_offline_objective_task_yields_examples():
     vocab = offline.OfflineVocabulary()
     for name in offline.OFFLINE_TASKS:
         task = seqio.get_mixture_or_task(name)
-        ds = task.get_dataset({"inputs": 64, "targets": 64}, split="validation",
-                              shuffle=False, seed=0)
+        ds = task.get_dataset(
+            {"inputs": 64, "targets": 64}, split="validation", shuffle=False, seed=0
+        )
         examples = list(ds.take(3).as_numpy_iterator())
         assert len(examples) == 3, name
         for ex in examples:
@@ -197,12 +214,19 @@ def test_every_offline_objective_task_yields_examples():
 
 
 # --------------------------------------------------------------------------- targets length
-@pytest.mark.parametrize("objective,density,needed", [
-    # targets = the original 511 tokens and EOS; the prefix LM's up to 510 and EOS (T5 library:
-    # split_tokens_to_inputs_length, random_prefix_noise_mask); span corruption's 114
-    # (random_spans_helper, the paper's 512/114).
-    ("bert_style", 0.15, 512), ("mass_style", 0.15, 512), ("deshuffling", 1.0, 512),
-    ("prefix_lm", 0.5, 511), ("random_spans", 0.15, 114)])
+@pytest.mark.parametrize(
+    "objective,density,needed",
+    [
+        # targets = the original 511 tokens and EOS; the prefix LM's up to 510 and EOS (T5 library:
+        # split_tokens_to_inputs_length, random_prefix_noise_mask); span corruption's 114
+        # (random_spans_helper, the paper's 512/114).
+        ("bert_style", 0.15, 512),
+        ("mass_style", 0.15, 512),
+        ("deshuffling", 1.0, 512),
+        ("prefix_lm", 0.5, 511),
+        ("random_spans", 0.15, 114),
+    ],
+)
 def test_fixed_targets_lengths(objective, density, needed):
     assert objectives.targets_length_needed(objective, {"inputs": 512}, density, 3.0) == needed
 
@@ -225,24 +249,27 @@ def test_replace_spans_targets_distribution_by_enumeration():
     exact = np.zeros(2 * n + 2)
     for bits in itertools.product([False, True], repeat=n):
         mask = tf.constant(bits)
-        count = len(preprocessors.nonnoise_span_to_unique_sentinel(tf.range(3, 3 + n), mask,
-                                                                   VOCAB))
+        count = len(preprocessors.nonnoise_span_to_unique_sentinel(tf.range(3, 3 + n), mask, VOCAB))
         exact[count] += p ** sum(bits) * (1 - p) ** (n - sum(bits))
-    np.testing.assert_allclose(objectives._replace_spans_targets_distribution(n, p), exact,
-                               atol=1e-12)
+    np.testing.assert_allclose(
+        objectives._replace_spans_targets_distribution(n, p), exact, atol=1e-12
+    )
 
 
-@pytest.mark.parametrize("objective", ["bert_style", "prefix_lm", "iid_drop_tokens",
-                                       "iid_replace_spans", "random_spans"])
+@pytest.mark.parametrize(
+    "objective", ["bert_style", "prefix_lm", "iid_drop_tokens", "iid_replace_spans", "random_spans"]
+)
 def test_a_targets_length_that_would_cut_is_refused_with_the_one_that_fits(objective):
     needed = objectives.targets_length_needed(objective, {"inputs": 64}, 0.15, 3.0)
     features = {"inputs": seqio.Feature(VOCAB), "targets": seqio.Feature(VOCAB)}
     ds = tf.data.Dataset.from_tensor_slices({"targets": [[5, 6, 7]]})
     with pytest.raises(ValueError, match=f"at least {needed} "):
-        objectives.unsupervised_objective(ds, {"inputs": 64, "targets": needed - 1}, features,
-                                          objective=objective)
-    objectives.unsupervised_objective(ds, {"inputs": 64, "targets": needed}, features,
-                                      objective=objective)
+        objectives.unsupervised_objective(
+            ds, {"inputs": 64, "targets": needed - 1}, features, objective=objective
+        )
+    objectives.unsupervised_objective(
+        ds, {"inputs": 64, "targets": needed}, features, objective=objective
+    )
 
 
 def test_table2_lengths_fit_their_objectives():
@@ -255,20 +282,27 @@ def test_table2_lengths_fit_their_objectives():
         gin.clear_config()
         gin.parse_config_file(f"gin_configs/table2/data/{data}.gin", skip_unknown=True)
         inputs = gin.query_parameter("%INPUTS_LENGTH")
-        for objective, key in (("iid_replace_spans", "%TARGETS_LENGTH"),
-                               ("prefix_lm", "%PREFIX_LM_TARGETS_LENGTH")):
+        for objective, key in (
+            ("iid_replace_spans", "%TARGETS_LENGTH"),
+            ("prefix_lm", "%PREFIX_LM_TARGETS_LENGTH"),
+        ):
             density = objectives.FIXED_NOISE_DENSITY.get(objective, 0.15)
             assert gin.query_parameter(key) >= objectives.targets_length_needed(
-                objective, {"inputs": inputs}, density, 3.0), (data, key)
+                objective, {"inputs": inputs}, density, 3.0
+            ), (data, key)
     del config
 
 
 def test_an_overflowing_example_is_cut_with_a_warning(capfd):
-    ds = tf.data.Dataset.from_generator(lambda: ({"targets": t} for t in ([5, 6, 7, 8], [5, 6])),
-                                        output_signature={"targets": tf.TensorSpec([None],
-                                                                                   tf.int32)})
-    out = list(objectives.warn_on_overflowing_targets(ds, {"targets": 4}, "iid_drop_tokens")
-               .as_numpy_iterator())
+    ds = tf.data.Dataset.from_generator(
+        lambda: ({"targets": t} for t in ([5, 6, 7, 8], [5, 6])),
+        output_signature={"targets": tf.TensorSpec([None], tf.int32)},
+    )
+    out = list(
+        objectives.warn_on_overflowing_targets(
+            ds, {"targets": 4}, "iid_drop_tokens"
+        ).as_numpy_iterator()
+    )
     assert [x["targets"].tolist() for x in out] == [[5, 6, 7, 8], [5, 6]]  # cut later, by seqio
     err = capfd.readouterr().err
     assert err.count("overflow the targets length 4 by 1 tokens") == 1

@@ -11,25 +11,34 @@ from t5x_like import optimizers, reductions
 
 
 def _plain(lr):
-    return optax.adafactor(learning_rate=lr, min_dim_size_to_factor=128, decay_rate=0.8,
-                           decay_offset=0, multiply_by_parameter_scale=True,
-                           clipping_threshold=1.0, momentum=None, eps=1e-30, factored=True)
+    return optax.adafactor(
+        learning_rate=lr,
+        min_dim_size_to_factor=128,
+        decay_rate=0.8,
+        decay_offset=0,
+        multiply_by_parameter_scale=True,
+        clipping_threshold=1.0,
+        momentum=None,
+        eps=1e-30,
+        factored=True,
+    )
 
 
 def test_matrix_view_is_the_mesh_tf_matrix():
-    assert optimizers.matrix_view((768, 12, 64)) == (768, 768)   # query/key/value
-    assert optimizers.matrix_view((12, 64, 768)) == (768, 768)   # output projection
+    assert optimizers.matrix_view((768, 12, 64)) == (768, 768)  # query/key/value
+    assert optimizers.matrix_view((12, 64, 768)) == (768, 768)  # output projection
     assert optimizers.matrix_view((1024, 128, 128)) == (1024, 16384)
     assert optimizers.matrix_view((512, 2048)) is None
 
 
 def test_attention_kernel_updates_equal_adafactor_on_the_matrix():
     rng = np.random.default_rng(0)
-    params = {"q": jnp.asarray(rng.normal(size=(256, 4, 64)), jnp.float32),
-              "wi": jnp.asarray(rng.normal(size=(256, 512)), jnp.float32),
-              "scale": jnp.ones((256,), jnp.float32)}
-    grads = jax.tree_util.tree_map(lambda p: jnp.asarray(rng.normal(size=p.shape), p.dtype),
-                                   params)
+    params = {
+        "q": jnp.asarray(rng.normal(size=(256, 4, 64)), jnp.float32),
+        "wi": jnp.asarray(rng.normal(size=(256, 512)), jnp.float32),
+        "scale": jnp.ones((256,), jnp.float32),
+    }
+    grads = jax.tree_util.tree_map(lambda p: jnp.asarray(rng.normal(size=p.shape), p.dtype), params)
     ours = optimizers.t5_adafactor(0.01)
     state = ours.init(params)
     # The 3-D kernel's second moment is factored (row and column vectors), not full.
@@ -52,24 +61,40 @@ def _bert_params():
 
     from t5x_like.models import bert
 
-    cfg = bert.BertConfig(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2,
-                          intermediate_size=32, max_position_embeddings=16)
-    return nn.meta.unbox(bert.BertForPreTraining(cfg).init(
-        jax.random.key(0), jnp.ones((1, 4), jnp.int32))["params"])
+    cfg = bert.BertConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_layers=2,
+        num_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=16,
+    )
+    return nn.meta.unbox(
+        bert.BertForPreTraining(cfg).init(jax.random.key(0), jnp.ones((1, 4), jnp.int32))["params"]
+    )
 
 
 def test_bert_weight_decay_mask_excludes_exactly_layernorm_and_biases():
     params = _bert_params()
     mask = optimizers.no_decay_on_norms_and_biases(params)
-    skipped = sorted("/".join(str(k.key) for k in path) for path, decays in
-                     jax.tree_util.tree_leaves_with_path(mask) if not decays)
+    skipped = sorted(
+        "/".join(str(k.key) for k in path)
+        for path, decays in jax.tree_util.tree_leaves_with_path(mask)
+        if not decays
+    )
     expected_norms = ["encoder/embeddings/layer_norm", "mlm/layer_norm"] + [
-        f"encoder/layers_{i}/{n}" for i in range(2) for n in ("attention_norm", "mlp_norm")]
-    expected = sorted([f"{n}/{leaf}" for n in expected_norms for leaf in ("scale", "bias")] + [
-        f"encoder/layers_{i}/attention/{p}/bias" for i in range(2)
-        for p in ("query", "key", "value", "out")] + [
-        f"encoder/layers_{i}/mlp/{p}/bias" for i in range(2) for p in ("wi", "wo")] + [
-        "encoder/pooler/bias", "mlm/transform/bias", "mlm_output_bias", "nsp/bias"])
+        f"encoder/layers_{i}/{n}" for i in range(2) for n in ("attention_norm", "mlp_norm")
+    ]
+    expected = sorted(
+        [f"{n}/{leaf}" for n in expected_norms for leaf in ("scale", "bias")]
+        + [
+            f"encoder/layers_{i}/attention/{p}/bias"
+            for i in range(2)
+            for p in ("query", "key", "value", "out")
+        ]
+        + [f"encoder/layers_{i}/mlp/{p}/bias" for i in range(2) for p in ("wi", "wo")]
+        + ["encoder/pooler/bias", "mlm/transform/bias", "mlm_output_bias", "nsp/bias"]
+    )
     assert skipped == expected
     decayed = [p for p, d in jax.tree_util.tree_leaves_with_path(mask) if d]
     assert len(decayed) == 2 + 1 + 1 + 2 * 6 + 2  # embeddings, kernels of every dense
@@ -81,8 +106,9 @@ def test_bert_adamw_decays_weights_but_not_norms_or_biases():
     zero = jax.tree_util.tree_map(jnp.zeros_like, params)
     updates, _ = opt.update(zero, opt.init(params), params)
     kernel = params["encoder"]["layers_0"]["mlp"]["wi"]["kernel"]
-    np.testing.assert_allclose(updates["encoder"]["layers_0"]["mlp"]["wi"]["kernel"],
-                               -0.1 * 0.01 * kernel, rtol=1e-6)
+    np.testing.assert_allclose(
+        updates["encoder"]["layers_0"]["mlp"]["wi"]["kernel"], -0.1 * 0.01 * kernel, rtol=1e-6
+    )
     assert not np.any(updates["encoder"]["layers_0"]["mlp"]["wi"]["bias"])
     assert not np.any(updates["encoder"]["embeddings"]["layer_norm"]["scale"])
 
@@ -111,15 +137,20 @@ def _every_kind_of_parameter(rng):
     """One parameter per branch of Adafactor: factored with the large axis first (embedding)
     and second (an MLP kernel), 3-D attention kernels in both orientations, an unfactored
     matrix (the relative bias table) and a vector (a norm scale)."""
-    shapes = {"embedding": (600, 160), "wi": (160, 384), "q": (160, 4, 40),
-              "out": (4, 40, 160), "rel_bias": (32, 4), "scale": (160,)}
+    shapes = {
+        "embedding": (600, 160),
+        "wi": (160, 384),
+        "q": (160, 4, 40),
+        "out": (4, 40, 160),
+        "rel_bias": (32, 4),
+        "scale": (160,),
+    }
     return {k: jnp.asarray(rng.normal(size=s) * 0.05, jnp.float32) for k, s in shapes.items()}
 
 
 @pytest.mark.parametrize("sums_as_dots", [True, False], ids=["dots", "reductions"])
 @pytest.mark.parametrize("schedule", [True, False], ids=["schedule", "constant"])
-def test_fused_adafactor_equals_optax_composition_over_steps(sums_as_dots, schedule,
-                                                              monkeypatch):
+def test_fused_adafactor_equals_optax_composition_over_steps(sums_as_dots, schedule, monkeypatch):
     """`t5_adafactor` computes optax's Adafactor chain in one pass per parameter (and on CPU
     with dot products for its sums): three steps give the same parameters and the same state,
     which keeps checkpoints written by either interchangeable."""
@@ -132,11 +163,13 @@ def test_fused_adafactor_equals_optax_composition_over_steps(sums_as_dots, sched
     ours, reference = optimizers.t5_adafactor(lr), optimizers.optax_t5_adafactor(lr)
     state = ours.init(params)
     assert jax.tree_util.tree_structure(state) == jax.tree_util.tree_structure(
-        reference.init(params))
+        reference.init(params)
+    )
     ref_params, ref_state = params, reference.init(params)
     for step in range(3):
         grads = jax.tree_util.tree_map(
-            lambda p: jnp.asarray(rng.normal(size=p.shape) * 10.0 ** -step, p.dtype), params)
+            lambda p: jnp.asarray(rng.normal(size=p.shape) * 10.0**-step, p.dtype), params
+        )
         # An embedding row no example touched has a zero gradient: its moments are eps alone.
         grads["embedding"] = grads["embedding"].at[7].set(0.0)
         updates, state = jax.jit(ours.update)(grads, state, params)
@@ -144,13 +177,23 @@ def test_fused_adafactor_equals_optax_composition_over_steps(sums_as_dots, sched
         ref_updates, ref_state = jax.jit(reference.update)(grads, ref_state, ref_params)
         ref_params = optax.apply_updates(ref_params, ref_updates)
         for name in params:
-            np.testing.assert_allclose(updates[name], ref_updates[name], rtol=1e-5, atol=1e-9,
-                                       err_msg=f"step {step}: {name}")
+            np.testing.assert_allclose(
+                updates[name],
+                ref_updates[name],
+                rtol=1e-5,
+                atol=1e-9,
+                err_msg=f"step {step}: {name}",
+            )
             # Parameters cross zero: float32 rounding is relative to their scale, not value.
-            np.testing.assert_allclose(params[name], ref_params[name], rtol=0,
-                                       atol=1e-6 * float(jnp.max(jnp.abs(ref_params[name]))))
-        for ours_leaf, ref_leaf in zip(jax.tree_util.tree_leaves(state),
-                                       jax.tree_util.tree_leaves(ref_state)):
+            np.testing.assert_allclose(
+                params[name],
+                ref_params[name],
+                rtol=0,
+                atol=1e-6 * float(jnp.max(jnp.abs(ref_params[name]))),
+            )
+        for ours_leaf, ref_leaf in zip(
+            jax.tree_util.tree_leaves(state), jax.tree_util.tree_leaves(ref_state)
+        ):
             np.testing.assert_allclose(ours_leaf, ref_leaf, rtol=1e-5)
     assert float(state.inner[0].count) == 3
 

@@ -21,15 +21,19 @@ def test_saving_replicated_arrays_on_one_host_compiles_nothing(tmp_path, caplog)
     mesh = jax.make_mesh((jax.device_count(),), ("data",))
     replicated = NamedSharding(mesh, PartitionSpec())
     rng = np.random.default_rng(0)
-    params = {f"w{i}": jax.device_put(jnp.asarray(rng.normal(size=(8 * (i + 1), 16)),
-                                                  jnp.float32), replicated)
-              for i in range(4)}
+    params = {
+        f"w{i}": jax.device_put(
+            jnp.asarray(rng.normal(size=(8 * (i + 1), 16)), jnp.float32), replicated
+        )
+        for i in range(4)
+    }
     with jax.log_compiles(True), caplog.at_level(logging.WARNING):
         path = params_io.save_params(str(tmp_path / "ckpt"), params, T5Config())
     compiled = [r.getMessage() for r in caplog.records if "XLA compilation" in r.getMessage()]
     assert not compiled, compiled
     abstract = jax.tree_util.tree_map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), params)
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), params
+    )
     restored = params_io.restore_params(str(tmp_path / "ckpt"), abstract)
     assert path.endswith("/0")
     for name, value in params.items():

@@ -8,17 +8,33 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ["--gin", "T5Config.vocab_size=256", "--gin", "T5Config.emb_dim=64",
-        "--gin", "T5Config.num_heads=4", "--gin", "T5Config.head_dim=16",
-        "--gin", "T5Config.mlp_dim=128", "--gin", "T5Config.num_encoder_layers=2",
-        "--gin", "T5Config.num_decoder_layers=2"]
+TINY = [
+    "--gin",
+    "T5Config.vocab_size=256",
+    "--gin",
+    "T5Config.emb_dim=64",
+    "--gin",
+    "T5Config.num_heads=4",
+    "--gin",
+    "T5Config.head_dim=16",
+    "--gin",
+    "T5Config.mlp_dim=128",
+    "--gin",
+    "T5Config.num_encoder_layers=2",
+    "--gin",
+    "T5Config.num_decoder_layers=2",
+]
 
 
 def _plan(tmp_path, *extra, shape=("--batch_size=8", "--inputs=32", "--targets=8")):
     out = tmp_path / "plan.json"
     result = subprocess.run(
         [sys.executable, "-m", "t5x_like.plan", *TINY, *shape, f"--json={out}", *extra],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return result, (json.loads(out.read_text()) if out.exists() else None)
 
 
@@ -28,8 +44,13 @@ def test_planner_reports_sharded_bytes_and_fit(tmp_path):
     assert plan["num_devices"] == 16 and plan["mesh"] == {"data": 4, "model": 4}
     # T5 v1.0 layout, tied embedding: 256*64 + encoder 2*(4*64*64 + 2*64*128 + 2*64)
     # + decoder 2*(8*64*64 + 2*64*128 + 3*64) + 2 relpos tables 4*32 + 2 final norms.
-    total = 256 * 64 + 2 * (4 * 64 * 64 + 2 * 64 * 128 + 2 * 64) \
-        + 2 * (8 * 64 * 64 + 2 * 64 * 128 + 3 * 64) + 2 * 4 * 32 + 2 * 64
+    total = (
+        256 * 64
+        + 2 * (4 * 64 * 64 + 2 * 64 * 128 + 2 * 64)
+        + 2 * (8 * 64 * 64 + 2 * 64 * 128 + 3 * 64)
+        + 2 * 4 * 32
+        + 2 * 64
+    )
     assert plan["parameters"] == total
     # Matrices are split 16 ways (embed over data, heads/mlp/vocab over model); only norms,
     # relative-position tables and... stay whole, so a device holds a little over 1/16.
@@ -47,8 +68,7 @@ def test_planner_reports_sharded_bytes_and_fit(tmp_path):
 
 @pytest.mark.slow  # a subprocess (~20 s); the same partitioning check runs in test_sharding
 def test_planner_rejects_a_mesh_that_does_not_fit_the_model(tmp_path):
-    result, _ = _plan(tmp_path, "--num_devices=8", "--mesh_shape=1,8",
-                      "--layout=model_parallel")
+    result, _ = _plan(tmp_path, "--num_devices=8", "--mesh_shape=1,8", "--layout=model_parallel")
     assert result.returncode == 2
     assert "cannot be split 8 ways over mesh axis 'model'" in result.stderr
 
@@ -60,10 +80,24 @@ def test_planner_runs_for_t5_11b_on_32_devices(tmp_path):
     compilation on CPU, scanned ~30 s."""
     out = tmp_path / "plan.json"
     result = subprocess.run(
-        [sys.executable, "-m", "t5x_like.plan", "--gin_file=gin_configs/models/t5_1_0/11B.gin",
-         "--gin", "T5Config.scan_layers=True",
-         "--num_devices=32", "--mesh_shape=4,8", "--layout=fsdp", "--batch_size=128",
-         f"--json={out}"], cwd=ROOT, capture_output=True, text=True, timeout=3600)
+        [
+            sys.executable,
+            "-m",
+            "t5x_like.plan",
+            "--gin_file=gin_configs/models/t5_1_0/11B.gin",
+            "--gin",
+            "T5Config.scan_layers=True",
+            "--num_devices=32",
+            "--mesh_shape=4,8",
+            "--layout=fsdp",
+            "--batch_size=128",
+            f"--json={out}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     plan = json.loads(out.read_text())
     assert plan["parameters"] == 11_307_321_344
@@ -76,12 +110,15 @@ def test_planner_takes_the_runs_settings_from_its_gin_file(tmp_path):
     """Given the run's gin file, the planner plans that run: its batch, feature lengths,
     micro-batches and optimizer, where a flag does not override them (here --targets)."""
     run_gin = tmp_path / "run.gin"
-    run_gin.write_text("train.batch_size = 4\n"
-                       "train.task_feature_lengths = {'inputs': 16, 'targets': 4}\n"
-                       "train.num_microbatches = 2\n"
-                       "train.optimizer = 'adamw'\n")
-    result, plan = _plan(tmp_path, "--num_devices=2", f"--gin_file={run_gin}",
-                         shape=("--targets=6",))
+    run_gin.write_text(
+        "train.batch_size = 4\n"
+        "train.task_feature_lengths = {'inputs': 16, 'targets': 4}\n"
+        "train.num_microbatches = 2\n"
+        "train.optimizer = 'adamw'\n"
+    )
+    result, plan = _plan(
+        tmp_path, "--num_devices=2", f"--gin_file={run_gin}", shape=("--targets=6",)
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert plan["batch"] == [4, 16, 6] and plan["num_microbatches"] == 2
     assert plan["optimizer"] == "adamw"
@@ -97,17 +134,26 @@ def test_planner_defaults_and_other_model_classes():
     from t5x_like.plan import RUN_DEFAULTS, _parse_args, _with_run_settings
 
     args = _with_run_settings(_parse_args(["--inputs=64"]), {})
-    assert (args.batch_size, args.inputs, args.targets, args.num_microbatches,
-            args.optimizer) == (128, 64, 114, 1, "adafactor")
+    assert (args.batch_size, args.inputs, args.targets, args.num_microbatches, args.optimizer) == (
+        128,
+        64,
+        114,
+        1,
+        "adafactor",
+    )
     # The planner's defaults are the trainer's.
     import inspect
 
     from t5x_like import train
+
     defaults = {k: p.default for k, p in inspect.signature(train.train).parameters.items()}
     lengths = dict(defaults["task_feature_lengths"])
-    assert RUN_DEFAULTS == {"batch_size": defaults["batch_size"], "inputs": lengths["inputs"],
-                            "targets": lengths["targets"],
-                            "num_microbatches": defaults["num_microbatches"],
-                            "optimizer": defaults["optimizer"]}
+    assert RUN_DEFAULTS == {
+        "batch_size": defaults["batch_size"],
+        "inputs": lengths["inputs"],
+        "targets": lengths["targets"],
+        "num_microbatches": defaults["num_microbatches"],
+        "optimizer": defaults["optimizer"],
+    }
     with pytest.raises(ConfigError, match="trains BertPretrainingModel"):
         _with_run_settings(_parse_args([]), {"model_class": BertPretrainingModel})

@@ -37,8 +37,7 @@ def test_sigterm_stops_a_single_process_and_close_restores_the_handler():
 
 def test_maintenance_event_stops_a_single_process():
     with FakeMetadataServer() as server:
-        watcher = preemption.PreemptionWatcher(maintenance_event_url=server.url,
-                                               poll_seconds=0.02)
+        watcher = preemption.PreemptionWatcher(maintenance_event_url=server.url, poll_seconds=0.02)
         try:
             assert _wait_for(lambda: server.requests >= 3)  # polled, and NONE means go on
             assert not watcher.should_stop(1)
@@ -64,8 +63,16 @@ def _two_processes(maintenance_url_for_process_1: str | None = None):
         args = [sys.executable, WORKER, str(i), str(port)]
         if i == 1 and maintenance_url_for_process_1:
             args.append(maintenance_url_for_process_1)
-        procs.append(subprocess.Popen(args, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
-                                      stderr=subprocess.DEVNULL, text=True))
+        procs.append(
+            subprocess.Popen(
+                args,
+                cwd=ROOT,
+                env=_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+        )
     for proc in procs:
         assert proc.stdout.readline().strip() == "ready"
     return procs
@@ -85,8 +92,9 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step():
     time.sleep(0.5)
     procs[0].send_signal(signal.SIGTERM)
     first, second = _stop_lines(procs)
-    assert first.startswith("stopped at step") and first.split(" by ")[0] == \
-        second.split(" by ")[0], (first, second)
+    assert (
+        first.startswith("stopped at step") and first.split(" by ")[0] == second.split(" by ")[0]
+    ), (first, second)
 
 
 def test_maintenance_event_seen_by_one_process_stops_both_at_the_same_step():
@@ -95,6 +103,7 @@ def test_maintenance_event_seen_by_one_process_stops_both_at_the_same_step():
         time.sleep(0.5)
         server.announce()
         first, second = _stop_lines(procs)
-    assert first.startswith("stopped at step") and first.split(" by ")[0] == \
-        second.split(" by ")[0], (first, second)
+    assert (
+        first.startswith("stopped at step") and first.split(" by ")[0] == second.split(" by ")[0]
+    ), (first, second)
     assert second.endswith("by maintenance event TERMINATE_ON_HOST_MAINTENANCE")

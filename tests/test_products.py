@@ -33,8 +33,9 @@ def test_einsum_equals_numpy_for_any_contraction_layout(spec):
     sizes = {"b": 2, "h": 3, "q": 16, "k": 12, "d": 8, "n": 20, "i": 8, "o": 24}
     a, b = _operands(tuple(sizes[c] for c in lhs_labels), tuple(sizes[c] for c in rhs_labels))
     expected = np.einsum(spec, np.float64(a), np.float64(b))
-    np.testing.assert_allclose(jax.jit(lambda x, y: products.einsum(spec, x, y))(a, b),
-                               expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        jax.jit(lambda x, y: products.einsum(spec, x, y))(a, b), expected, rtol=1e-5, atol=1e-5
+    )
 
 
 def _loss(product):
@@ -54,8 +55,9 @@ def test_values_and_gradients_equal_autodiff_of_the_plain_einsum(spec, lhs_shape
 
 def test_gradients_keep_each_operands_dtype():
     a, b = _operands((2, 3, 16, 12), (2, 12, 3, 8), jnp.bfloat16)
-    grads = jax.grad(_loss(products.einsum_with_cpu_gradients("bhqk,bkhd->bqhd")),
-                     argnums=(0, 1))(a, b)
+    grads = jax.grad(_loss(products.einsum_with_cpu_gradients("bhqk,bkhd->bqhd")), argnums=(0, 1))(
+        a, b
+    )
     assert [g.dtype for g in grads] == [jnp.bfloat16, jnp.bfloat16]
 
 
@@ -65,9 +67,12 @@ def _products_outside_ynnpack(monkeypatch, layouts: bool) -> list[str]:
     as HIGHEST-precision dots (`reductions`, memory-bound matrix-vector products)."""
     monkeypatch.setattr(products, "contraction_layouts", lambda: layouts)
     hlo = compile_tiny_t5_step()[2].as_text()
-    entry = hlo[hlo.index("ENTRY"):].splitlines()
-    return [line.split(", metadata")[0].strip() for line in entry
-            if re.search(r"= f32\[[\d,]*\]\S* dot\(", line) and "highest" not in line]
+    entry = hlo[hlo.index("ENTRY") :].splitlines()
+    return [
+        line.split(", metadata")[0].strip()
+        for line in entry
+        if re.search(r"= f32\[[\d,]*\]\S* dot\(", line) and "highest" not in line
+    ]
 
 
 def test_on_cpu_every_product_of_the_train_step_runs_in_ynnpack(monkeypatch):

@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 from t5x_like import objectives, preprocessors
 from t5x_like.models import decoder_only, t5
 
-SETTINGS = settings(max_examples=20, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 class _Vocabulary(seqio.PassThroughVocabulary):
@@ -67,22 +66,34 @@ def _noise_runs(mask: np.ndarray) -> int:
 
 
 @SETTINGS
-@given(length=st.integers(2, 700), density=st.sampled_from([0.1, 0.15, 0.25, 0.5]),
-       mean_span=st.floats(1.0, 10.0), seeds=st.lists(seeds_strategy, min_size=2, max_size=2),
-       text_seed=st.integers(0, 2**31), iid=st.booleans())
-def test_span_corruption_inputs_and_targets_rebuild_the_text(length, density, mean_span, seeds,
-                                                              text_seed, iid):
+@given(
+    length=st.integers(2, 700),
+    density=st.sampled_from([0.1, 0.15, 0.25, 0.5]),
+    mean_span=st.floats(1.0, 10.0),
+    seeds=st.lists(seeds_strategy, min_size=2, max_size=2),
+    text_seed=st.integers(0, 2**31),
+    iid=st.booleans(),
+)
+def test_span_corruption_inputs_and_targets_rebuild_the_text(
+    length, density, mean_span, seeds, text_seed, iid
+):
     tokens = _tokens(length, text_seed)
     seed_tensor = tf.constant(seeds, tf.int32)
-    mask = (objectives.iid_noise_mask(tf.constant(length), density, seed_tensor) if iid else
-            preprocessors.random_spans_noise_mask(tf.constant(length), density, seed_tensor,
-                                                  mean_span))
+    mask = (
+        objectives.iid_noise_mask(tf.constant(length), density, seed_tensor)
+        if iid
+        else preprocessors.random_spans_noise_mask(
+            tf.constant(length), density, seed_tensor, mean_span
+        )
+    )
     # With clip_to_sentinels (the option; the reference's count-down into text ids past the
     # extra ids is checked against the T5 library in test_reference_objectives.py).
-    inputs = preprocessors.noise_span_to_unique_sentinel(tokens, mask, VOCAB,
-                                                         clip_to_sentinels=True).numpy()
-    targets = preprocessors.nonnoise_span_to_unique_sentinel(tokens, mask, VOCAB,
-                                                             clip_to_sentinels=True).numpy()
+    inputs = preprocessors.noise_span_to_unique_sentinel(
+        tokens, mask, VOCAB, clip_to_sentinels=True
+    ).numpy()
+    targets = preprocessors.nonnoise_span_to_unique_sentinel(
+        tokens, mask, VOCAB, clip_to_sentinels=True
+    ).numpy()
     mask = mask.numpy()
     # Sentinels never take a text id, however many spans there are.
     for ids in (inputs, targets):
@@ -94,13 +105,19 @@ def test_span_corruption_inputs_and_targets_rebuild_the_text(length, density, me
         assert _undo_unique_sentinels(inputs, targets) == tokens.numpy().tolist()
         if not mask[0]:  # text starts with kept tokens (always so for random spans): each
             # noise span follows, in the targets, the very sentinel that replaced it
-            assert targets[_is_sentinel(targets)][:len(in_sentinels)].tolist() == \
-                in_sentinels.tolist()
+            assert (
+                targets[_is_sentinel(targets)][: len(in_sentinels)].tolist()
+                == in_sentinels.tolist()
+            )
 
 
 @SETTINGS
-@given(length=st.integers(2, 600), density=st.sampled_from([0.1, 0.15, 0.5]),
-       seeds=st.lists(seeds_strategy, min_size=2, max_size=2), text_seed=st.integers(0, 2**31))
+@given(
+    length=st.integers(2, 600),
+    density=st.sampled_from([0.1, 0.15, 0.5]),
+    seeds=st.lists(seeds_strategy, min_size=2, max_size=2),
+    text_seed=st.integers(0, 2**31),
+)
 def test_token_level_objectives_keep_what_they_must(length, density, seeds, text_seed):
     tokens = _tokens(length, text_seed)
     original = tokens.numpy()
@@ -111,14 +128,16 @@ def test_token_level_objectives_keep_what_they_must(length, density, seeds, text
     rebuilt = np.empty(length, np.int32)
     rebuilt[~mask.numpy()], rebuilt[mask.numpy()] = kept, dropped
     np.testing.assert_array_equal(rebuilt, original)  # i.i.d. drop: inputs + targets = text
-    shuffled = objectives.permute_noise_tokens(tokens, tf.ones_like(mask), VOCAB,
-                                               seed_tensor).numpy()
+    shuffled = objectives.permute_noise_tokens(
+        tokens, tf.ones_like(mask), VOCAB, seed_tensor
+    ).numpy()
     np.testing.assert_array_equal(np.sort(shuffled), np.sort(original))  # deshuffling
     masked = objectives.noise_token_to_sentinel(tokens, mask, VOCAB).numpy()  # MASS-style
     np.testing.assert_array_equal(masked[~mask.numpy()], original[~mask.numpy()])
     assert (masked[mask.numpy()] == preprocessors.sentinel_id(VOCAB)).all()
     bert = objectives.noise_token_to_random_token_or_sentinel(
-        tokens, mask, VOCAB, seed_tensor).numpy()
+        tokens, mask, VOCAB, seed_tensor
+    ).numpy()
     np.testing.assert_array_equal(bert[~mask.numpy()], original[~mask.numpy()])
     replaced = bert[mask.numpy()]
     # The reference's random tokens come from [3, vocab_size), sentinels included.
@@ -146,15 +165,19 @@ def test_real_vocabulary_text_never_takes_a_sentinel_id():
 
 def _examples(lengths, key_lengths):
     rng = np.random.default_rng(sum(map(sum, lengths)))
-    rows = [{key: rng.integers(2, 50, size=n).astype(np.int32)
-             for key, n in zip(key_lengths, sizes)} for sizes in lengths]
+    rows = [
+        {key: rng.integers(2, 50, size=n).astype(np.int32) for key, n in zip(key_lengths, sizes)}
+        for sizes in lengths
+    ]
     return tf.data.Dataset.from_generator(
-        lambda: iter(rows), output_signature={k: tf.TensorSpec([None], tf.int32)
-                                             for k in key_lengths})
+        lambda: iter(rows),
+        output_signature={k: tf.TensorSpec([None], tf.int32) for k in key_lengths},
+    )
 
 
-def _assert_only_own_segment(mask: np.ndarray, query_segments: np.ndarray,
-                             key_segments: np.ndarray) -> None:
+def _assert_only_own_segment(
+    mask: np.ndarray, query_segments: np.ndarray, key_segments: np.ndarray
+) -> None:
     """A real token (segment id > 0) attends to real tokens of its own example only. (Queries
     at padding positions are never read: their loss weight is zero.)"""
     allowed = (mask[:, 0] > 0) & (query_segments[:, :, None] > 0)
@@ -162,8 +185,9 @@ def _assert_only_own_segment(mask: np.ndarray, query_segments: np.ndarray,
     assert not (allowed & ~same).any(), "a token attends outside its packed example"
 
 
-example_lengths = st.lists(st.tuples(st.integers(1, 20), st.integers(1, 12)), min_size=1,
-                           max_size=8)
+example_lengths = st.lists(
+    st.tuples(st.integers(1, 20), st.integers(1, 12)), min_size=1, max_size=8
+)
 
 
 @pytest.mark.slow  # 20 tf.data pipelines (~30 s; the default suite must stay under 15 minutes)
@@ -177,13 +201,20 @@ def test_packed_t5_batches_never_attend_across_examples_or_to_the_future(lengths
         encoder = np.asarray(t5.encoder_self_mask(ex["encoder_input_tokens"], enc))
         _assert_only_own_segment(encoder, enc, enc)
         # Every real token does see all of its own example (packing loses nothing).
-        assert (encoder[:, 0] == ((enc[:, :, None] == enc[:, None, :]) & (enc[:, :, None] > 0)
-                                  & (enc[:, None, :] > 0))).all()
+        assert (
+            encoder[:, 0]
+            == (
+                (enc[:, :, None] == enc[:, None, :]) & (enc[:, :, None] > 0) & (enc[:, None, :] > 0)
+            )
+        ).all()
         decoder = np.asarray(t5.decoder_self_mask(ex["decoder_input_tokens"], dec))
         _assert_only_own_segment(decoder, dec, dec)
         assert not np.triu(decoder[:, 0] > 0, k=1).any(), "a decoder token sees its future"
-        cross = np.asarray(t5.cross_attention_mask(ex["decoder_input_tokens"],
-                                                   ex["encoder_input_tokens"], dec, enc))
+        cross = np.asarray(
+            t5.cross_attention_mask(
+                ex["decoder_input_tokens"], ex["encoder_input_tokens"], dec, enc
+            )
+        )
         _assert_only_own_segment(cross, dec, enc)
 
 
@@ -196,8 +227,9 @@ def test_packed_decoder_only_masks_hide_the_future_outside_the_prefix(lengths):
     for ex in ds.batch(len(lengths)).as_numpy_iterator():
         segments, prefix = ex["decoder_segment_ids"], ex["decoder_causal_attention"] > 0
         for causal_attention in (None, ex["decoder_causal_attention"]):
-            mask = np.asarray(decoder_only.decoder_mask(ex["decoder_input_tokens"], segments,
-                                                        causal_attention))
+            mask = np.asarray(
+                decoder_only.decoder_mask(ex["decoder_input_tokens"], segments, causal_attention)
+            )
             _assert_only_own_segment(mask, segments, segments)
             future = np.triu(mask[:, 0] > 0, k=1)
             if causal_attention is None:

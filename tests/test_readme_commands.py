@@ -49,8 +49,8 @@ NOT_RUN_SCRIPTS = {
 
 @dataclasses.dataclass(frozen=True)
 class Command:
-    line: int            # README line number where the command starts
-    text: str            # as written, continuations joined
+    line: int  # README line number where the command starts
+    text: str  # as written, continuations joined
     argv: tuple[str, ...]  # shell words, trailing comment dropped, variables substituted
 
     def __str__(self) -> str:
@@ -152,19 +152,24 @@ def test_readme_commands_are_extracted():
     plan = [c for c in COMMANDS if c.argv[:3] == ("python", "-m", "t5x_like.plan")]
     assert len(plan) == 2 and "--batch_size=128" in plan[0].argv
     # $E is substituted from its assignment in the same block
-    assert any(c.argv[:4] == ("bash", "launch/tpu_vm_create.sh", "--config",
-                              "launch/experiments/t5_base_v4_32.env") for c in COMMANDS)
+    assert any(
+        c.argv[:4]
+        == ("bash", "launch/tpu_vm_create.sh", "--config", "launch/experiments/t5_base_v4_32.env")
+        for c in COMMANDS
+    )
 
 
 def test_every_command_is_a_known_kind():
     unknown = [str(c) for c in COMMANDS if kind_of(c) == "unknown"]
-    assert not unknown, "README commands this test does not know how to check:\n" + \
-        "\n".join(unknown)
+    assert not unknown, "README commands this test does not know how to check:\n" + "\n".join(
+        unknown
+    )
 
 
 # ----------------------------------------------------------------------------- static checks
-@pytest.mark.parametrize("module", sorted({c.argv[2] for c in COMMANDS
-                                           if kind_of(c) in ("cli", "module")}))
+@pytest.mark.parametrize(
+    "module", sorted({c.argv[2] for c in COMMANDS if kind_of(c) in ("cli", "module")})
+)
 def test_module_exists(module):
     assert importlib.util.find_spec(module) is not None, f"no module {module}"
 
@@ -188,8 +193,7 @@ def test_named_files_exist(command):
 
 @pytest.mark.parametrize("command", _of_kind("script"), ids=_ids(_of_kind("script")))
 def test_script_is_valid_bash(command):
-    done = subprocess.run(["bash", "-n", command.argv[1]], cwd=ROOT, capture_output=True,
-                          text=True)
+    done = subprocess.run(["bash", "-n", command.argv[1]], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, f"{command}\n{done.stderr}"
 
 
@@ -208,8 +212,12 @@ def cli_arguments(module: str, args: list[str]) -> list[str]:
     documented short form of `--gin.train.profile_steps='A:B'` (train.main)."""
     if module != "t5x_like.train":
         return args
-    return [f"--gin.train.profile_steps='{a.split('=', 1)[1]}'"
-            if a.startswith("--profile_steps=") else a for a in args]
+    return [
+        f"--gin.train.profile_steps='{a.split('=', 1)[1]}'"
+        if a.startswith("--profile_steps=")
+        else a
+        for a in args
+    ]
 
 
 def check_gin(files: list[str], bindings: list[str], where: str) -> None:
@@ -228,7 +236,8 @@ def check_gin(files: list[str], bindings: list[str], where: str) -> None:
         key = binding.split("=", 1)[0].strip()
         if "." not in key and "/" not in key:  # a macro: a typo would bind nothing
             assert re.search(rf"%{re.escape(key)}\b", used), (
-                f"{where}\n--gin.{binding}: no gin file of the command uses %{key}")
+                f"{where}\n--gin.{binding}: no gin file of the command uses %{key}"
+            )
 
 
 CLI_COMMANDS = _of_kind("cli")
@@ -311,8 +320,15 @@ def test_module_commands_accept_their_arguments():
     """Every non-cli `python -m X ARGS` of the README: X's own parser accepts ARGS."""
     jobs = [[c.argv[2], list(c.argv[3:])] for c in MODULE_COMMANDS]
     env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
-    done = subprocess.run([sys.executable, "-c", PROBE], input=json.dumps(jobs), cwd=ROOT,
-                          capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        input=json.dumps(jobs),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout.strip().splitlines()[-1])
     bad = [f"{c}\n  -> {r}" for c, r in zip(MODULE_COMMANDS, results) if r != "ok"]
@@ -334,7 +350,7 @@ def printed_train_command(stdout: str) -> list[str] | None:
     for line in stdout.splitlines():
         words = shlex.split(line)
         if "t5x_like.train" in words:
-            return words[words.index("t5x_like.train") + 1:]
+            return words[words.index("t5x_like.train") + 1 :]
     return None
 
 
@@ -342,8 +358,13 @@ def printed_train_command(stdout: str) -> list[str] | None:
 def test_launch_command_dry_run(command, clean_gin):
     from t5x_like import cli
 
-    done = subprocess.run(["bash", command.argv[1], *with_dry_run(command.argv[2:])],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["bash", command.argv[1], *with_dry_run(command.argv[2:])],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, f"{command}\n{done.stdout}\n{done.stderr}"
     assert done.stdout.strip(), f"{command}: --dry-run printed nothing"
     script = os.path.basename(command.argv[1])
@@ -361,13 +382,15 @@ def test_launch_command_dry_run(command, clean_gin):
 # ----------------------------------------------------------------------------- slow: real runs
 def _run_python(args: list[str], timeout: int) -> subprocess.CompletedProcess:
     env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
-                          env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, env=env, timeout=timeout
+    )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("module", sorted({c.argv[2] for c in COMMANDS
-                                           if kind_of(c) in ("cli", "module")}))
+@pytest.mark.parametrize(
+    "module", sorted({c.argv[2] for c in COMMANDS if kind_of(c) in ("cli", "module")})
+)
 def test_module_help_runs(module):
     done = _run_python(["-m", module, "--help"], timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -389,8 +412,10 @@ TABLE2 = [c for c in CLI_COMMANDS if "gin_configs/table2/sizes/tiny.gin" in " ".
 @pytest.mark.parametrize("command", TABLE2, ids=_ids(TABLE2))
 def test_table2_tiny_run(command, tmp_path):
     """The README's Table 2 example as written, but into a temporary MODEL_DIR."""
-    args = [f"--gin.MODEL_DIR={tmp_path}" if a.startswith("--gin.MODEL_DIR=") else a
-            for a in command.argv[1:]]
+    args = [
+        f"--gin.MODEL_DIR={tmp_path}" if a.startswith("--gin.MODEL_DIR=") else a
+        for a in command.argv[1:]
+    ]
     done = _run_python(args, timeout=900)
     assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
     assert os.path.isdir(tmp_path / "checkpoints")

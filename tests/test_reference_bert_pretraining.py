@@ -28,8 +28,8 @@ a correct pipeline fails about once in a thousand runs and a deviation of 4 stan
 is caught half the time. The sequence-length distribution is compared bin by bin (the share
 of lengths in each quarter of the maximum length). An event one side never shows while the
 other's rate expects 20 or more of it fails too (so a one-sentence document that makes no
-instance is caught at the default size, where its share's bound is wide). The default suite runs ~1,000 instances a
-side (a few seconds); `test_large_sample_statistics` (slow) runs ~25,000.
+instance is caught at the default size, where its share's bound is wide). The default suite runs
+~1,000 instances a side (a few seconds); `test_large_sample_statistics` (slow) runs ~25,000.
 """
 
 from __future__ import annotations
@@ -56,8 +56,7 @@ BLOCK = 64  # the old pipeline's group of neighbouring documents
 
 def _vocab(num_documents: int) -> list[str]:
     """Document d writes only the words d{d}w{j}: every token names its document."""
-    return SPECIALS + [f"d{d}w{j}" for d in range(num_documents)
-                       for j in range(WORDS_PER_DOCUMENT)]
+    return SPECIALS + [f"d{d}w{j}" for d in range(num_documents) for j in range(WORDS_PER_DOCUMENT)]
 
 
 def _documents(num_documents: int, seed: int) -> list[list[str]]:
@@ -66,9 +65,16 @@ def _documents(num_documents: int, seed: int) -> list[list[str]]:
     documents = []
     for d in range(num_documents):
         sentences = 1 if rng.random() < 0.25 else int(rng.integers(2, 13))
-        documents.append([" ".join(f"d{d}w{j}" for j in rng.integers(
-            0, WORDS_PER_DOCUMENT, int(rng.integers(2, 31)))) + " ." for _ in
-            range(sentences)])
+        documents.append(
+            [
+                " ".join(
+                    f"d{d}w{j}"
+                    for j in rng.integers(0, WORDS_PER_DOCUMENT, int(rng.integers(2, 31)))
+                )
+                + " ."
+                for _ in range(sentences)
+            ]
+        )
     return documents
 
 
@@ -84,24 +90,38 @@ def _corpus_text(documents: list[list[str]]) -> str:
     return "".join(parts).rstrip("\n")
 
 
-def _oracle(folder, num_documents: int, dupe_factor: int, seed: int,
-            write_records: bool = False) -> tuple[dict, str, str, list[list[str]]]:
+def _oracle(
+    folder, num_documents: int, dupe_factor: int, seed: int, write_records: bool = False
+) -> tuple[dict, str, str, list[list[str]]]:
     documents = _documents(num_documents, seed)
     corpus = _corpus_text(documents)
-    result = run_oracle("bert_pretraining", {
-        "dir": str(folder), "vocab": _vocab(num_documents), "corpus": corpus,
-        "max_seq_length": LENGTH, "max_predictions_per_seq": PREDICTIONS,
-        "dupe_factor": dupe_factor, "short_seq_prob": 0.1, "masked_lm_prob": 0.15,
-        "random_seed": 12345, "write_records": write_records})
-    return (result, os.path.join(folder, "reference_corpus.txt"),
-            os.path.join(folder, "reference_vocab.txt"), documents)
+    result = run_oracle(
+        "bert_pretraining",
+        {
+            "dir": str(folder),
+            "vocab": _vocab(num_documents),
+            "corpus": corpus,
+            "max_seq_length": LENGTH,
+            "max_predictions_per_seq": PREDICTIONS,
+            "dupe_factor": dupe_factor,
+            "short_seq_prob": 0.1,
+            "masked_lm_prob": 0.15,
+            "random_seed": 12345,
+            "write_records": write_records,
+        },
+    )
+    return (
+        result,
+        os.path.join(folder, "reference_corpus.txt"),
+        os.path.join(folder, "reference_vocab.txt"),
+        documents,
+    )
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """ONE oracle run for the module: 120 documents, 3 copies, records written."""
-    return _oracle(tmp_path_factory.mktemp("bert_reference"), 120, 3, seed=0,
-                   write_records=True)
+    return _oracle(tmp_path_factory.mktemp("bert_reference"), 120, 3, seed=0, write_records=True)
 
 
 def _source(corpus_path: str) -> seqio.DataSource:
@@ -110,8 +130,9 @@ def _source(corpus_path: str) -> seqio.DataSource:
     return bert.SentencePerLineSource({"train": corpus_path})
 
 
-def _ours(corpus_path: str, vocab_path: str, passes: int = 1, seed: int = 0,
-          **options) -> list[dict]:
+def _ours(
+    corpus_path: str, vocab_path: str, passes: int = 1, seed: int = 0, **options
+) -> list[dict]:
     """Our instances: `passes` passes over the corpus file, each seeded by seqio."""
     vocab = WordPieceVocabulary(vocab_path)
     out = []
@@ -119,9 +140,9 @@ def _ours(corpus_path: str, vocab_path: str, passes: int = 1, seed: int = 0,
         ds = _source(corpus_path).get_dataset("train", shuffle=False)
         with seqio.utils.map_seed_manager(seed + 1000 * p):
             ds = bp.pretraining_pairs(vocab, **options)(
-                ds, {"inputs": LENGTH, "targets": PREDICTIONS})
-        out += [{k: np.asarray(v).tolist() for k, v in x.items()}
-                for x in ds.as_numpy_iterator()]
+                ds, {"inputs": LENGTH, "targets": PREDICTIONS}
+            )
+        out += [{k: np.asarray(v).tolist() for k, v in x.items()} for x in ds.as_numpy_iterator()]
     return out
 
 
@@ -149,7 +170,7 @@ def _statistics(instances: list[dict], vocab: list[str], single: set[int]) -> di
         assert original.count(sep_id) == 2 and positions == sorted(set(positions))
         assert not {original[p] for p in positions} & {cls_id, sep_id}
         first_sep = original.index(sep_id)
-        a, b = original[1:first_sep], original[first_sep + 1:-1]
+        a, b = original[1:first_sep], original[first_sep + 1 : -1]
         assert x["segment_ids"] == [0] * (len(a) + 2) + [1] * (len(b) + 1)
         doc_a, doc_b = document(a), document(b)
         cluster = doc_a if doc_a is not None else -1 - len(s["length"])
@@ -165,8 +186,10 @@ def _statistics(instances: list[dict], vocab: list[str], single: set[int]) -> di
         add("length", len(ids))
         add("short", int(len(ids) < LENGTH // 2))
         for k in range(LENGTH_BINS):
-            add(f"length_bin{k}", int(k * LENGTH // LENGTH_BINS < len(ids)
-                                      <= (k + 1) * LENGTH // LENGTH_BINS))
+            add(
+                f"length_bin{k}",
+                int(k * LENGTH // LENGTH_BINS < len(ids) <= (k + 1) * LENGTH // LENGTH_BINS),
+            )
         add("length_a", len(a))
         add("length_b", len(b))
         for p, t in zip(positions, targets):
@@ -180,9 +203,16 @@ def _statistics(instances: list[dict], vocab: list[str], single: set[int]) -> di
 
 
 LENGTH_BINS = 4
-PROPORTIONS = ("not_next", "one_sentence_document", "short", "masked_as_mask", "masked_kept",
-               "masked_random", "b_in_a_block", "b_from_a") + tuple(
-                   f"length_bin{k}" for k in range(LENGTH_BINS))
+PROPORTIONS = (
+    "not_next",
+    "one_sentence_document",
+    "short",
+    "masked_as_mask",
+    "masked_kept",
+    "masked_random",
+    "b_in_a_block",
+    "b_from_a",
+) + tuple(f"length_bin{k}" for k in range(LENGTH_BINS))
 MEANS = ("masked_share", "length", "length_a", "length_b")
 STATISTICS = PROPORTIONS + MEANS
 
@@ -192,7 +222,7 @@ def _clustered_se(x: np.ndarray, clusters: np.ndarray) -> float:
     _, which = np.unique(clusters, return_inverse=True)
     groups = np.bincount(which, weights=x - x.mean())
     g = len(groups)
-    return math.sqrt(g / max(g - 1, 1) * np.sum(groups ** 2)) / len(x)
+    return math.sqrt(g / max(g - 1, 1) * np.sum(groups**2)) / len(x)
 
 
 def _bound(x: np.ndarray, y: np.ndarray, cx: np.ndarray, cy: np.ndarray) -> float:
@@ -206,23 +236,30 @@ def _assert_same_statistics(ours: dict, reference: dict) -> None:
         x = np.asarray(ours["samples"][name], float)
         y = np.asarray(reference["samples"][name], float)
         assert len(x) and len(y), name
-        bound = _bound(x, y, np.asarray(ours["clusters"][name]),
-                       np.asarray(reference["clusters"][name]))
+        bound = _bound(
+            x, y, np.asarray(ours["clusters"][name]), np.asarray(reference["clusters"][name])
+        )
         if abs(x.mean() - y.mean()) > bound:
-            failures.append(f"{name}: ours {x.mean():.4f} (n={len(x)}), reference "
-                            f"{y.mean():.4f} (n={len(y)}), allowed difference {bound:.4f}")
+            failures.append(
+                f"{name}: ours {x.mean():.4f} (n={len(x)}), reference "
+                f"{y.mean():.4f} (n={len(y)}), allowed difference {bound:.4f}"
+            )
         # An event one side never shows though the other's rate expects 20 or more of it
         # (P(none) < e^-20 for independent samples; 20 documents' worth clustered).
         for a, b, side in ((x, y, "ours"), (y, x, "the reference")):
             if name in PROPORTIONS and a.sum() == 0 and b.mean() * len(a) >= 20:
-                failures.append(f"{name}: never seen in {side} (n={len(a)}), rate "
-                                f"{b.mean():.4f} on the other side")
+                failures.append(
+                    f"{name}: never seen in {side} (n={len(a)}), rate "
+                    f"{b.mean():.4f} on the other side"
+                )
     # The number masked is a function of the length in the reference: the same at each
     # length both produced.
     for length in set(ours["counts"]) & set(reference["counts"]):
         if ours["counts"][length] != reference["counts"][length]:
-            failures.append(f"masked at length {length}: ours {ours['counts'][length]}, "
-                            f"reference {reference['counts'][length]}")
+            failures.append(
+                f"masked at length {length}: ours {ours['counts'][length]}, "
+                f"reference {reference['counts'][length]}"
+            )
     assert not failures, "\n".join(failures)
 
 
@@ -257,8 +294,10 @@ def test_static_masking_equals_the_reference_statistics_and_repeats(reference):
     first = _ours(corpus, vocab_path, passes=1, seed=0, dupe_factor=3)
     again = _ours(corpus, vocab_path, passes=1, seed=7, dupe_factor=3)
     assert first == again
-    _assert_same_statistics(_statistics(first, vocab, _single(documents)),
-                            _statistics(result["instances"], vocab, _single(documents)))
+    _assert_same_statistics(
+        _statistics(first, vocab, _single(documents)),
+        _statistics(result["instances"], vocab, _single(documents)),
+    )
     once = _ours(corpus, vocab_path, passes=1, seed=0, dupe_factor=1)
     assert 2.5 < len(first) / len(once) < 3.5
     assert len({tuple(x["inputs"]) for x in first}) > 0.9 * len(first)
@@ -270,20 +309,29 @@ def test_tfrecord_source_reads_the_reference_records_exactly(reference):
 
     records = os.path.join(os.path.dirname(corpus), "reference.tfrecord")
     source = bert.tfrecord_source(train_files=records)
-    ds = bp.from_reference_records(source.get_dataset("train", shuffle=False),
-                                   {"inputs": LENGTH, "targets": PREDICTIONS})
+    ds = bp.from_reference_records(
+        source.get_dataset("train", shuffle=False), {"inputs": LENGTH, "targets": PREDICTIONS}
+    )
     ours = [{k: np.asarray(v).tolist() for k, v in x.items()} for x in ds.as_numpy_iterator()]
     assert len(ours) == len(result["instances"])
     assert ours == result["instances"]
 
     # Through our converter, the model's features are the records' own (padded) features.
     converted = bert_features.PretrainingFeatureConverter()(
-        ds, {"inputs": LENGTH, "targets": PREDICTIONS})
-    spec = {k: tf.io.FixedLenFeature([n], tf.float32 if k == "masked_lm_weights" else tf.int64)
-            for k, n in (("input_ids", LENGTH), ("input_mask", LENGTH),
-                         ("segment_ids", LENGTH), ("masked_lm_positions", PREDICTIONS),
-                         ("masked_lm_ids", PREDICTIONS), ("masked_lm_weights", PREDICTIONS),
-                         ("next_sentence_labels", 1))}
+        ds, {"inputs": LENGTH, "targets": PREDICTIONS}
+    )
+    spec = {
+        k: tf.io.FixedLenFeature([n], tf.float32 if k == "masked_lm_weights" else tf.int64)
+        for k, n in (
+            ("input_ids", LENGTH),
+            ("input_mask", LENGTH),
+            ("segment_ids", LENGTH),
+            ("masked_lm_positions", PREDICTIONS),
+            ("masked_lm_ids", PREDICTIONS),
+            ("masked_lm_weights", PREDICTIONS),
+            ("next_sentence_labels", 1),
+        )
+    }
     raw = tf.data.TFRecordDataset(records).map(lambda r: tf.io.parse_single_example(r, spec))
     for mine, theirs in zip(converted.as_numpy_iterator(), raw.as_numpy_iterator()):
         for key, value in theirs.items():
@@ -294,6 +342,7 @@ def test_registered_tasks_read_the_reference_formats(reference):
     """`bert_tfrecord_pretraining` gives the reference's instances (in file order), and
     `bert_sentence_corpus_pretraining` pairs from the reference's corpus file."""
     import gin
+
     from tasks import bert  # noqa: F401 - registers the tasks
 
     result, corpus, vocab_path, documents = reference
@@ -303,16 +352,19 @@ def test_registered_tasks_read_the_reference_formats(reference):
     gin.bind_parameter("bert_sentence_corpus.train_files", corpus)
     lengths = {"inputs": LENGTH, "targets": PREDICTIONS}
     ds = seqio.get_mixture_or_task("bert_tfrecord_pretraining").get_dataset(
-        lengths, split="train", shuffle=False, num_epochs=1)
+        lengths, split="train", shuffle=False, num_epochs=1
+    )
     ours = [{k: np.asarray(v).tolist() for k, v in x.items()} for x in ds.as_numpy_iterator()]
     assert ours == result["instances"]
     ds = seqio.get_mixture_or_task("bert_sentence_corpus_pretraining").get_dataset(
-        lengths, split="train", shuffle=False, num_epochs=1, seed=0)
+        lengths, split="train", shuffle=False, num_epochs=1, seed=0
+    )
     pairs = [{k: np.asarray(v).tolist() for k, v in x.items()} for x in ds.as_numpy_iterator()]
     assert 0.5 * len(result["instances"]) / 3 < len(pairs) < 2 * len(result["instances"]) / 3
     with pytest.raises(ValueError, match="bert_tfrecords.validation_files"):
         seqio.get_mixture_or_task("bert_tfrecord_pretraining").get_dataset(
-            lengths, split="validation", shuffle=False, num_epochs=1)
+            lengths, split="validation", shuffle=False, num_epochs=1
+        )
 
 
 def test_tfrecord_records_longer_than_the_run_fail(reference):
@@ -322,7 +374,8 @@ def test_tfrecord_records_longer_than_the_run_fail(reference):
     records = os.path.join(os.path.dirname(corpus), "reference.tfrecord")
     ds = bp.from_reference_records(
         bert.tfrecord_source(train_files=records).get_dataset("train", shuffle=False),
-        {"inputs": 16, "targets": PREDICTIONS})
+        {"inputs": 16, "targets": PREDICTIONS},
+    )
     with pytest.raises(tf.errors.InvalidArgumentError, match="feature length inputs=16"):
         list(ds.as_numpy_iterator())
 
@@ -333,10 +386,12 @@ def test_large_sample_statistics(tmp_path):
     result, corpus, vocab_path, documents = _oracle(tmp_path, 1000, 10, seed=1)
     vocab = _vocab(len(documents))
     theirs = _statistics(result["instances"], vocab, _single(documents))
-    _assert_same_statistics(_statistics(_ours(corpus, vocab_path, passes=10), vocab,
-                                        _single(documents)), theirs)
-    _assert_same_statistics(_statistics(_ours(corpus, vocab_path, dupe_factor=10), vocab,
-                                        _single(documents)), theirs)
+    _assert_same_statistics(
+        _statistics(_ours(corpus, vocab_path, passes=10), vocab, _single(documents)), theirs
+    )
+    _assert_same_statistics(
+        _statistics(_ours(corpus, vocab_path, dupe_factor=10), vocab, _single(documents)), theirs
+    )
 
 
 def test_a_reference_format_corpus_draws_b_from_all_of_it(reference, monkeypatch):
@@ -344,6 +399,7 @@ def test_a_reference_format_corpus_draws_b_from_all_of_it(reference, monkeypatch
     bert_sentence_corpus tasks make their group the whole corpus (counted once), and 'all' does
     the same for any task; a group that is no number is refused by name."""
     import gin
+
     from tasks import bert
 
     result, corpus, vocab_path, documents = reference
@@ -351,8 +407,11 @@ def test_a_reference_format_corpus_draws_b_from_all_of_it(reference, monkeypatch
     assert bert.corpus_documents(source) == len(documents)
     groups = []
     real = bp.pretraining_pairs
-    monkeypatch.setattr(bp, "pretraining_pairs",
-                        lambda vocab, group, **kw: groups.append(group) or real(vocab, group, **kw))
+    monkeypatch.setattr(
+        bp,
+        "pretraining_pairs",
+        lambda vocab, group, **kw: groups.append(group) or real(vocab, group, **kw),
+    )
     gin.bind_parameter("bert_vocab_path.path", vocab_path)
     gin.bind_parameter("bert_sentence_corpus.train_files", corpus)
     lengths = {"inputs": LENGTH, "targets": PREDICTIONS}

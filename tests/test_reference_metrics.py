@@ -36,31 +36,58 @@ SUPER_GLUE_CLASSIFICATION = ["boolq", "cb", "copa", "rte", "wic"]
 WMT_TASKS = ["wmt_t2t_ende_v003", "wmt14_enfr_v003", "wmt15_enfr_v003", "wmt16_enro_v003"]
 
 # Outputs that are not labels, whatever the task.
-NON_LABELS = ["", " ", "garbage", "True False", "n/a", "entailment.", "équivalent", "\u00a0",
-              "-1", "0", "1", "None", "négatif", "中立"]
+NON_LABELS = [
+    "",
+    " ",
+    "garbage",
+    "True False",
+    "n/a",
+    "entailment.",
+    "équivalent",
+    "\u00a0",
+    "-1",
+    "0",
+    "1",
+    "None",
+    "négatif",
+    "中立",
+]
 
 
 def _label_tasks() -> dict[str, tuple[str, ...]]:
     """Task name -> its label strings, for every classification task with metrics."""
     out = {f"glue_{b}_v002": tuple(glue.GLUE[b][0]) for b in GLUE_CLASSIFICATION}
     out["glue_mnli_matched_v002"] = out["glue_mnli_mismatched_v002"] = out["glue_mnli_v002"]
-    out.update({f"super_glue_{b}_v102": tuple(glue.SUPER_GLUE[b][0])
-                for b in SUPER_GLUE_CLASSIFICATION})
+    out.update(
+        {f"super_glue_{b}_v102": tuple(glue.SUPER_GLUE[b][0]) for b in SUPER_GLUE_CLASSIFICATION}
+    )
     return out
 
 
 def _near_labels(labels: tuple[str, ...]) -> list[str]:
     """A label with a space around it, another case or a newline: not the label (t5 matches
     exactly)."""
-    return [f" {labels[0]}", f"{labels[-1]} ", labels[0].upper(), labels[-1].capitalize(),
-            f"{labels[0]}\n", f"{labels[0]} {labels[-1]}"]
+    return [
+        f" {labels[0]}",
+        f"{labels[-1]} ",
+        labels[0].upper(),
+        labels[-1].capitalize(),
+        f"{labels[0]}\n",
+        f"{labels[0]} {labels[-1]}",
+    ]
 
 
 def _case(case_id, task, targets, predictions, examples=None, bytes_keys=(), seed=0):
     examples = examples or [{} for _ in targets]
-    return {"id": case_id, "task": task, "targets": list(targets),
-            "predictions": list(predictions), "examples": examples,
-            "bytes_keys": list(bytes_keys), "seed": seed}
+    return {
+        "id": case_id,
+        "task": task,
+        "targets": list(targets),
+        "predictions": list(predictions),
+        "examples": examples,
+        "bytes_keys": list(bytes_keys),
+        "seed": seed,
+    }
 
 
 def _classification_cases(rng: random.Random) -> list[dict]:
@@ -70,29 +97,49 @@ def _classification_cases(rng: random.Random) -> list[dict]:
 
         def noisy(n, p_invalid):
             targets = [rng.choice(labels) for _ in range(n)]
-            predictions = [rng.choice(invalid) if rng.random() < p_invalid
-                           else (t if rng.random() < 0.6 else rng.choice(labels))
-                           for t in targets]
+            predictions = [
+                rng.choice(invalid)
+                if rng.random() < p_invalid
+                else (t if rng.random() < 0.6 else rng.choice(labels))
+                for t in targets
+            ]
             return targets, predictions
 
         for i in range(3):
             cases.append(_case(f"{task}/random{i}", task, *noisy(rng.randint(5, 40), 0.25)))
         cases.append(_case(f"{task}/valid_only", task, *noisy(30, 0.0)))
         targets = [rng.choice(labels) for _ in range(20)]
-        cases.append(_case(f"{task}/all_invalid", task, targets,
-                           [rng.choice(invalid) for _ in targets]))
-        cases.append(_case(f"{task}/near_labels", task, targets,
-                           [rng.choice(_near_labels(labels)) for _ in targets]))
+        cases.append(
+            _case(f"{task}/all_invalid", task, targets, [rng.choice(invalid) for _ in targets])
+        )
+        cases.append(
+            _case(
+                f"{task}/near_labels",
+                task,
+                targets,
+                [rng.choice(_near_labels(labels)) for _ in targets],
+            )
+        )
         cases.append(_case(f"{task}/constant", task, targets, [labels[0]] * len(targets)))
         cases.append(_case(f"{task}/perfect", task, targets, targets))
-        cases.append(_case(f"{task}/one_class_targets", task, [labels[0]] * 8,
-                           [labels[0], labels[-1], "?", labels[0], "", labels[-1],
-                            labels[0], labels[0]]))
+        cases.append(
+            _case(
+                f"{task}/one_class_targets",
+                task,
+                [labels[0]] * 8,
+                [labels[0], labels[-1], "?", labels[0], "", labels[-1], labels[0], labels[0]],
+            )
+        )
         cases.append(_case(f"{task}/one_example", task, [labels[-1]], ["nonsense"]))
     # CoLA with one invalid output: the T5 library's MCC keeps -1 as a third class.
-    cases.append(_case("glue_cola_v002/one_invalid", "glue_cola_v002",
-                       ["acceptable"] * 6 + ["unacceptable"] * 4,
-                       ["acceptable"] * 5 + ["unknown"] + ["unacceptable"] * 3 + ["acceptable"]))
+    cases.append(
+        _case(
+            "glue_cola_v002/one_invalid",
+            "glue_cola_v002",
+            ["acceptable"] * 6 + ["unacceptable"] * 4,
+            ["acceptable"] * 5 + ["unknown"] + ["unacceptable"] * 3 + ["acceptable"],
+        )
+    )
     return cases
 
 
@@ -103,9 +150,12 @@ def _stsb_cases(rng: random.Random) -> list[dict]:
     cases = []
     for i in range(3):
         targets = [rng.choice(grid) for _ in range(rng.randint(5, 40))]
-        predictions = [rng.choice(junk) if rng.random() < 0.15 else
-                       (f"{rng.uniform(0, 5):.3f}" if rng.random() < 0.5 else rng.choice(grid))
-                       for _ in targets]
+        predictions = [
+            rng.choice(junk)
+            if rng.random() < 0.15
+            else (f"{rng.uniform(0, 5):.3f}" if rng.random() < 0.5 else rng.choice(grid))
+            for _ in targets
+        ]
         cases.append(_case(f"{task}/random{i}", task, targets, predictions))
     targets = [rng.choice(grid) for _ in range(12)]
     cases += [
@@ -138,23 +188,28 @@ def _multirc_cases(rng: random.Random) -> list[dict]:
             # restart: question ids counted within each paragraph, so they repeat across
             # paragraphs (the reference groups by idx/question alone).
             question = number - first_of_paragraph if restart else number
-            for answer in range(rng.randint(1, 5)):
+            for _ in range(rng.randint(1, 5)):
                 target = rng.choice(answers)
-                prediction = (target if always_right or rng.random() < 0.7 else
-                              rng.choice(answers))
+                prediction = target if always_right or rng.random() < 0.7 else rng.choice(answers)
                 if rng.random() < p_invalid:
                     prediction = rng.choice(NON_LABELS + _near_labels(tuple(answers)))
                 targets.append(target)
                 predictions.append(prediction)
-                examples.append({"paragraph": paragraph, "question": question,
-                                 "answer": len(examples)})
+                examples.append(
+                    {"paragraph": paragraph, "question": question, "answer": len(examples)}
+                )
         return targets, predictions, examples
 
     for i in range(4):
         cases.append(_case(f"{task}/random{i}", task, *groups(rng.randint(2, 12), 0.15)))
     for i in range(2):
-        cases.append(_case(f"{task}/repeated_question_ids{i}", task,
-                           *groups(rng.randint(6, 12), 0.1, restart=True)))
+        cases.append(
+            _case(
+                f"{task}/repeated_question_ids{i}",
+                task,
+                *groups(rng.randint(6, 12), 0.1, restart=True),
+            )
+        )
     cases.append(_case(f"{task}/valid_only", task, *groups(10, 0.0)))
     cases.append(_case(f"{task}/all_right", task, *groups(6, 0.0, always_right=True)))
     cases.append(_case(f"{task}/one_question", task, *groups(1, 0.3)))
@@ -162,13 +217,56 @@ def _multirc_cases(rng: random.Random) -> list[dict]:
     return cases
 
 
-ENTITIES = ["Porto", "the Broncos", "U.S.", "Emmanuel Macron", "São Paulo", "Ḥalab",
-            "O'Neill", "AC/DC", "an apple", "1990", "München", "Zoë", "北京", "Dr. Who",
-            "Rock 'n' roll"]
-GUESSES = ["", "the", "a", "porto", "Porto.", "broncos", "The Broncos!", "US", "u s",
-           "Macron", "emmanuel  macron", "sao paulo", "São", "halab", "oneill", "O Neill",
-           "acdc", "AC DC", "apple", "an", "1990s", "in 1990", "munchen", "München!", "zoë",
-           "北京", "Who", "rock n roll", "Rock 'n' roll", "¿Qué?", "…"]
+ENTITIES = [
+    "Porto",
+    "the Broncos",
+    "U.S.",
+    "Emmanuel Macron",
+    "São Paulo",
+    "Ḥalab",
+    "O'Neill",
+    "AC/DC",
+    "an apple",
+    "1990",
+    "München",
+    "Zoë",
+    "北京",
+    "Dr. Who",
+    "Rock 'n' roll",
+]
+GUESSES = [
+    "",
+    "the",
+    "a",
+    "porto",
+    "Porto.",
+    "broncos",
+    "The Broncos!",
+    "US",
+    "u s",
+    "Macron",
+    "emmanuel  macron",
+    "sao paulo",
+    "São",
+    "halab",
+    "oneill",
+    "O Neill",
+    "acdc",
+    "AC DC",
+    "apple",
+    "an",
+    "1990s",
+    "in 1990",
+    "munchen",
+    "München!",
+    "zoë",
+    "北京",
+    "Who",
+    "rock n roll",
+    "Rock 'n' roll",
+    "¿Qué?",
+    "…",
+]
 
 
 def _record_cases(rng: random.Random) -> list[dict]:
@@ -188,11 +286,13 @@ def _record_cases(rng: random.Random) -> list[dict]:
         return targets, predictions, examples
 
     for i in range(4):
-        cases.append(_case(f"{task}/random{i}", task, *queries(rng.randint(2, 10)),
-                           bytes_keys=["answers"]))
+        cases.append(
+            _case(f"{task}/random{i}", task, *queries(rng.randint(2, 10)), bytes_keys=["answers"])
+        )
     cases.append(_case(f"{task}/one_query", task, *queries(1), bytes_keys=["answers"]))
-    cases.append(_case(f"{task}/query_without_answers", task, *queries(2, (0, 0)),
-                       bytes_keys=["answers"]))
+    cases.append(
+        _case(f"{task}/query_without_answers", task, *queries(2, (0, 0)), bytes_keys=["answers"])
+    )
     return cases
 
 
@@ -206,24 +306,71 @@ def _squad_cases(rng: random.Random) -> list[dict]:
             targets.append(golds[0])
             predictions.append(rng.choice(golds + GUESSES))
             examples.append({"answers": golds})
-        cases.append(_case(f"{task}/random{i}", task, targets, predictions, examples,
-                           bytes_keys=["answers"]))
+        cases.append(
+            _case(f"{task}/random{i}", task, targets, predictions, examples, bytes_keys=["answers"])
+        )
     # An answer that normalises to nothing: EM counts the empty prediction, F1 does not.
-    edge = [(["the"], ""), (["a"], "an"), (["the cat", "cat"], "the"), (["!!"], ""),
-            (["Denver Broncos", "the Broncos"], "Broncos"), (["1990"], "in 1990 ."),
-            (["U.S."], "us"), (["¿Qué?"], "¿qué"), (["café"], "cafe")]
-    cases.append(_case(f"{task}/edge", task, [g[0] for g, _ in edge], [p for _, p in edge],
-                       [{"answers": g} for g, _ in edge], bytes_keys=["answers"]))
+    edge = [
+        (["the"], ""),
+        (["a"], "an"),
+        (["the cat", "cat"], "the"),
+        (["!!"], ""),
+        (["Denver Broncos", "the Broncos"], "Broncos"),
+        (["1990"], "in 1990 ."),
+        (["U.S."], "us"),
+        (["¿Qué?"], "¿qué"),
+        (["café"], "cafe"),
+    ]
+    cases.append(
+        _case(
+            f"{task}/edge",
+            task,
+            [g[0] for g, _ in edge],
+            [p for _, p in edge],
+            [{"answers": g} for g, _ in edge],
+            bytes_keys=["answers"],
+        )
+    )
     return cases
 
 
 def _wsc_cases(rng: random.Random) -> list[dict]:
     task = "super_glue_wsc_v102_simple_eval"
-    referents = ["the cat", "Mark", "Mark's hat", "the city councilmen", "Joan", "the trophy",
-                 "his sister", "Zoë"]
-    guesses = ["", "the", "a", "The Cat", "cat", "the  cat", "cat\tdog", "big cat", "Mark",
-               "mark's", "Mark's hat", "hat", "Pete", "councilmen", "the city", "Joan!",
-               "trophy", "suitcase", "her sister", "sister", "zoë", " the cat ", "his"]
+    referents = [
+        "the cat",
+        "Mark",
+        "Mark's hat",
+        "the city councilmen",
+        "Joan",
+        "the trophy",
+        "his sister",
+        "Zoë",
+    ]
+    guesses = [
+        "",
+        "the",
+        "a",
+        "The Cat",
+        "cat",
+        "the  cat",
+        "cat\tdog",
+        "big cat",
+        "Mark",
+        "mark's",
+        "Mark's hat",
+        "hat",
+        "Pete",
+        "councilmen",
+        "the city",
+        "Joan!",
+        "trophy",
+        "suitcase",
+        "her sister",
+        "sister",
+        "zoë",
+        " the cat ",
+        "his",
+    ]
     cases = []
     for i in range(4):
         targets, predictions, examples = [], [], []
@@ -232,14 +379,29 @@ def _wsc_cases(rng: random.Random) -> list[dict]:
             examples.append({"label": rng.randint(0, 1), "targets_pretokenized": referent})
             targets.append(referent)
             predictions.append(rng.choice(guesses))
-        cases.append(_case(f"{task}/random{i}", task, targets, predictions, examples,
-                           bytes_keys=["targets_pretokenized"]))
+        cases.append(
+            _case(
+                f"{task}/random{i}",
+                task,
+                targets,
+                predictions,
+                examples,
+                bytes_keys=["targets_pretokenized"],
+            )
+        )
     # An output with no words left (empty, only determiners) is not the referent, also where
     # the label says the candidate is not the referent.
     empty = ["", "the", "a", "  "]
-    cases.append(_case(f"{task}/empty_outputs", task, ["the cat"] * 4, empty,
-                       [{"label": 0, "targets_pretokenized": "the cat"}] * 4,
-                       bytes_keys=["targets_pretokenized"]))
+    cases.append(
+        _case(
+            f"{task}/empty_outputs",
+            task,
+            ["the cat"] * 4,
+            empty,
+            [{"label": 0, "targets_pretokenized": "the cat"}] * 4,
+            bytes_keys=["targets_pretokenized"],
+        )
+    )
     return cases
 
 
@@ -254,9 +416,38 @@ def _dpr_cases(rng: random.Random) -> list[dict]:
     return cases
 
 
-WORDS = ["the", "cat", "cats", "running", "runs", "ran", "sat", "on", "mat", "mats", "dog",
-         "quickly", "quick", "ÉTÉ", "été", "naïve", "北京", "said", "says", ",", "'s", "U.S.",
-         "20", "%", "(", ")", "-", "well-known", "organization", "organizations"]
+WORDS = [
+    "the",
+    "cat",
+    "cats",
+    "running",
+    "runs",
+    "ran",
+    "sat",
+    "on",
+    "mat",
+    "mats",
+    "dog",
+    "quickly",
+    "quick",
+    "ÉTÉ",
+    "été",
+    "naïve",
+    "北京",
+    "said",
+    "says",
+    ",",
+    "'s",
+    "U.S.",
+    "20",
+    "%",
+    "(",
+    ")",
+    "-",
+    "well-known",
+    "organization",
+    "organizations",
+]
 
 
 def _sentence(rng: random.Random, n: int) -> str:
@@ -265,8 +456,9 @@ def _sentence(rng: random.Random, n: int) -> str:
 
 def _summary(rng: random.Random) -> str:
     """Sentences joined by " . ", as CNN/DM highlights are written (t5 splits them)."""
-    return " . ".join(_sentence(rng, rng.randint(1, 12))
-                      for _ in range(rng.randint(1, 4))) + rng.choice([" .", "", "."])
+    return " . ".join(
+        _sentence(rng, rng.randint(1, 12)) for _ in range(rng.randint(1, 4))
+    ) + rng.choice([" .", "", "."])
 
 
 def _rouge_cases(rng: random.Random) -> list[dict]:
@@ -274,11 +466,19 @@ def _rouge_cases(rng: random.Random) -> list[dict]:
     cases = []
     for i in range(4):
         targets = [_summary(rng) for _ in range(rng.randint(1, 15))]
-        predictions = [rng.choice([_summary(rng), t, t.replace("cats", "cat"), ""])
-                       for t in targets]
+        predictions = [
+            rng.choice([_summary(rng), t, t.replace("cats", "cat"), ""]) for t in targets
+        ]
         cases.append(_case(f"{task}/random{i}", task, targets, predictions, seed=i))
-    cases.append(_case(f"{task}/stems", task, ["The cats were running . They sat ."],
-                       ["the cat was run . they sit ."], seed=7))
+    cases.append(
+        _case(
+            f"{task}/stems",
+            task,
+            ["The cats were running . They sat ."],
+            ["the cat was run . they sit ."],
+            seed=7,
+        )
+    )
     cases.append(_case(f"{task}/empty", task, ["a b c", ""], ["", ""], seed=3))
     return cases
 
@@ -288,13 +488,20 @@ def _bleu_cases(rng: random.Random) -> list[dict]:
     extra = ["Das ist gut.", "Ça va ?", "Îți mulțumesc!", "«Oui»", "1.000,50 €", "don't"]
     for task in WMT_TASKS:
         for i in range(3):
-            targets = [_sentence(rng, rng.randint(1, 20)) + rng.choice(["", ".", " !"])
-                       for _ in range(rng.randint(1, 12))]
-            predictions = [rng.choice([t, _sentence(rng, rng.randint(0, 15)), ""])
-                           for t in targets]
+            targets = [
+                _sentence(rng, rng.randint(1, 20)) + rng.choice(["", ".", " !"])
+                for _ in range(rng.randint(1, 12))
+            ]
+            predictions = [rng.choice([t, _sentence(rng, rng.randint(0, 15)), ""]) for t in targets]
             cases.append(_case(f"{task}/random{i}", task, targets, predictions))
-        cases.append(_case(f"{task}/punctuation_unicode", task, extra,
-                           [e.lower() for e in extra[:3]] + extra[3:]))
+        cases.append(
+            _case(
+                f"{task}/punctuation_unicode",
+                task,
+                extra,
+                [e.lower() for e in extra[:3]] + extra[3:],
+            )
+        )
         cases.append(_case(f"{task}/empty_predictions", task, extra[:2], ["", ""]))
     return cases
 
@@ -304,29 +511,73 @@ def _metric_cases(rng: random.Random) -> list[dict]:
     summaries = [(_summary(rng), _summary(rng)) for _ in range(8)]
     targets, predictions = [t for t, _ in summaries], [p for _, p in summaries]
     return [
-        {"id": "rouge/use_stemmer", "metric": "rouge", "kwargs": {"use_stemmer": True},
-         "targets": targets, "predictions": predictions, "seed": 11},
-        {"id": "rouge/rougeL_only", "metric": "rouge", "kwargs": {"score_keys": ["rougeL"]},
-         "targets": targets, "predictions": predictions, "seed": 12},
-        {"id": "bleu/several_references", "metric": "bleu", "kwargs": {},
-         "targets": [["the cat sat on the mat today", "a cat sat on a mat today"],
-                     ["the dog ran far away from home", "a dog ran away from the house"]],
-         "predictions": ["the cat sat on a mat today", "the dog ran away from home"],
-         "seed": 0},
-        {"id": "bleu/13a", "metric": "bleu", "kwargs": {"tokenizer": "13a"},
-         "targets": targets, "predictions": predictions, "seed": 0},
-        {"id": "squad/no_gold_answer", "metric": "squad", "kwargs": {},
-         "targets": [["x"], []], "predictions": ["x", ""], "seed": 0},
-        {"id": "accuracy/strings", "metric": "accuracy", "kwargs": {},
-         "targets": ["a", "b", "", "Zoë"], "predictions": ["a", "B", "", "zoë"], "seed": 0},
+        {
+            "id": "rouge/use_stemmer",
+            "metric": "rouge",
+            "kwargs": {"use_stemmer": True},
+            "targets": targets,
+            "predictions": predictions,
+            "seed": 11,
+        },
+        {
+            "id": "rouge/rougeL_only",
+            "metric": "rouge",
+            "kwargs": {"score_keys": ["rougeL"]},
+            "targets": targets,
+            "predictions": predictions,
+            "seed": 12,
+        },
+        {
+            "id": "bleu/several_references",
+            "metric": "bleu",
+            "kwargs": {},
+            "targets": [
+                ["the cat sat on the mat today", "a cat sat on a mat today"],
+                ["the dog ran far away from home", "a dog ran away from the house"],
+            ],
+            "predictions": ["the cat sat on a mat today", "the dog ran away from home"],
+            "seed": 0,
+        },
+        {
+            "id": "bleu/13a",
+            "metric": "bleu",
+            "kwargs": {"tokenizer": "13a"},
+            "targets": targets,
+            "predictions": predictions,
+            "seed": 0,
+        },
+        {
+            "id": "squad/no_gold_answer",
+            "metric": "squad",
+            "kwargs": {},
+            "targets": [["x"], []],
+            "predictions": ["x", ""],
+            "seed": 0,
+        },
+        {
+            "id": "accuracy/strings",
+            "metric": "accuracy",
+            "kwargs": {},
+            "targets": ["a", "b", "", "Zoë"],
+            "predictions": ["a", "B", "", "zoë"],
+            "seed": 0,
+        },
     ]
 
 
 def _all_task_cases() -> list[dict]:
     rng = random.Random(20240611)
-    return (_classification_cases(rng) + _stsb_cases(rng) + _multirc_cases(rng)
-            + _record_cases(rng) + _squad_cases(rng) + _wsc_cases(rng) + _dpr_cases(rng)
-            + _rouge_cases(rng) + _bleu_cases(rng))
+    return (
+        _classification_cases(rng)
+        + _stsb_cases(rng)
+        + _multirc_cases(rng)
+        + _record_cases(rng)
+        + _squad_cases(rng)
+        + _wsc_cases(rng)
+        + _dpr_cases(rng)
+        + _rouge_cases(rng)
+        + _bleu_cases(rng)
+    )
 
 
 TASK_CASES = _all_task_cases()
@@ -337,26 +588,34 @@ METRIC_CASES = _metric_cases(random.Random(7))
 def _reference_example(task: str, raw: dict) -> dict:
     """The example as t5's postprocessors read it (seqio flattens `idx` with '/')."""
     if task.startswith("super_glue_multirc"):
-        return {"idx/paragraph": raw["paragraph"], "idx/question": raw["question"],
-                "idx/answer": raw["answer"]}
+        return {
+            "idx/paragraph": raw["paragraph"],
+            "idx/question": raw["question"],
+            "idx/answer": raw["answer"],
+        }
     if task.startswith("super_glue_record"):
-        return {"answers": raw["answers"], "idx/passage": raw["passage"],
-                "idx/query": raw["query"]}
+        return {"answers": raw["answers"], "idx/passage": raw["passage"], "idx/query": raw["query"]}
     return dict(raw)
 
 
 def _our_example(task: str, raw: dict) -> dict:
     """The example as our preprocessors write it (t5x_like.text_to_text), bytes as in a
     numpy example."""
+
     def encode(v):
         return [x.encode() for x in v] if isinstance(v, list) else v.encode()
 
     if task.startswith("super_glue_multirc"):
-        return {"idx_paragraph": np.int32(raw["paragraph"]),
-                "idx_question": np.int32(raw["question"])}
+        return {
+            "idx_paragraph": np.int32(raw["paragraph"]),
+            "idx_question": np.int32(raw["question"]),
+        }
     if task.startswith("super_glue_record"):
-        return {"answers": encode(raw["answers"]), "idx_passage": np.int32(raw["passage"]),
-                "idx_query": np.int32(raw["query"])}
+        return {
+            "answers": encode(raw["answers"]),
+            "idx_passage": np.int32(raw["passage"]),
+            "idx_query": np.int32(raw["query"]),
+        }
     out = dict(raw)
     if "answers" in out:
         out["answers"] = encode(out["answers"])
@@ -382,36 +641,47 @@ def _ours_task(case: dict) -> dict:
     task = seqio.get_mixture_or_task(case["task"])
     examples = [_our_example(case["task"], ex) for ex in case["examples"]]
     try:
-        targets = [task.postprocess_fn(t, example=ex, is_target=True)
-                   for t, ex in zip(case["targets"], examples)]
-        predictions = [task.postprocess_fn(p, example=ex, is_target=False)
-                       for p, ex in zip(case["predictions"], examples)]
+        targets = [
+            task.postprocess_fn(t, example=ex, is_target=True)
+            for t, ex in zip(case["targets"], examples)
+        ]
+        predictions = [
+            task.postprocess_fn(p, example=ex, is_target=False)
+            for p, ex in zip(case["predictions"], examples)
+        ]
         np.random.seed(case["seed"])
         scores: dict = {}
         for metric_fn in task.metric_fns:
             scores.update(metric_fn(targets, predictions))
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - a failure is compared with the reference's
         return {"error": type(error).__name__}
-    return {"metrics": {k: float(v) for k, v in scores.items()},
-            "targets": jsonable(targets), "predictions": jsonable(predictions)}
+    return {
+        "metrics": {k: float(v) for k, v in scores.items()},
+        "targets": jsonable(targets),
+        "predictions": jsonable(predictions),
+    }
 
 
 def _ours_metric(case: dict) -> dict:
     try:
         np.random.seed(case["seed"])
-        scores = getattr(metrics, case["metric"])(case["targets"], case["predictions"],
-                                                  **case["kwargs"])
-    except Exception as error:
+        scores = getattr(metrics, case["metric"])(
+            case["targets"], case["predictions"], **case["kwargs"]
+        )
+    except Exception as error:  # noqa: BLE001 - a failure is compared with the reference's
         return {"error": type(error).__name__}
     return {"metrics": {k: float(v) for k, v in scores.items()}}
 
 
 @pytest.fixture(scope="module")
 def reference():
-    payload = {"task_cases": [{**c, "examples": [_reference_example(c["task"], ex)
-                                                 for ex in c["examples"]]}
-                              for c in TASK_CASES],
-               "metric_cases": METRIC_CASES}
+    payload = {
+        "task_cases": [
+            {**c, "examples": [_reference_example(c["task"], ex) for ex in c["examples"]]}
+            for c in TASK_CASES
+        ],
+        "metric_cases": METRIC_CASES,
+    }
     return run_oracle("t5_metrics", payload)
 
 
@@ -438,8 +708,11 @@ def _assert_same(ours: dict, theirs: dict) -> None:
         assert ours["error"] == theirs["error"]
         return
     assert list(ours["metrics"]) == list(theirs["metrics"]), (ours["metrics"], theirs["metrics"])
-    different = {k: (v, theirs["metrics"][k]) for k, v in ours["metrics"].items()
-                 if not _same_number(v, theirs["metrics"][k])}
+    different = {
+        k: (v, theirs["metrics"][k])
+        for k, v in ours["metrics"].items()
+        if not _same_number(v, theirs["metrics"][k])
+    }
     assert not different, f"ours vs t5: {different}"
     for side in ("targets", "predictions"):
         if side in theirs:
@@ -451,8 +724,11 @@ def test_every_task_with_metrics_is_covered():
     """Each task we register under a T5-library name with metrics has cases here."""
     covered = {c["task"] for c in TASK_CASES}
     named_like_t5 = ("glue_", "super_glue_", "dpr_", "squad_v010", "cnn_dailymail", "wmt")
-    ours = {name for name in seqio.TaskRegistry.names()
-            if name.startswith(named_like_t5) and seqio.get_mixture_or_task(name).metric_fns}
+    ours = {
+        name
+        for name in seqio.TaskRegistry.names()
+        if name.startswith(named_like_t5) and seqio.get_mixture_or_task(name).metric_fns
+    }
     assert ours - covered == set()
 
 

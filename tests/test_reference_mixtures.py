@@ -26,21 +26,32 @@ from tests.oracle import run_oracle
 from tests.oracles import t5_formats
 from tests.tiny_tfds import build_tiny
 
-MIXTURES = ("glue_v002_proportional", "super_glue_v102_proportional",
-            "glue_mnli_and_dev_v002", "wsc_dpr_simple_proportional")
+MIXTURES = (
+    "glue_v002_proportional",
+    "super_glue_v102_proportional",
+    "glue_mnli_and_dev_v002",
+    "wsc_dpr_simple_proportional",
+)
 EVAL_SPLITS = ("train", "validation", "test")
 
 _TVT = ("train", "validation", "test")
 # Each TFDS dataset the mixtures read -> its splits (the TFDS catalog's).
 SPLITS = {
     **{f"glue/{b}": _TVT for b in ("cola", "sst2", "mrpc", "qqp", "stsb", "qnli", "rte")},
-    "glue/mnli": ("train", "validation_matched", "validation_mismatched", "test_matched",
-                  "test_mismatched"),
+    "glue/mnli": (
+        "train",
+        "validation_matched",
+        "validation_mismatched",
+        "test_matched",
+        "test_mismatched",
+    ),
     "glue/mnli_matched": ("validation", "test"),  # the reference reads these two configs
     "glue/mnli_mismatched": ("validation", "test"),
     "glue/ax": ("test",),
-    **{f"super_glue/{b}": _TVT for b in ("boolq", "cb", "copa", "multirc", "record", "rte",
-                                         "wic", "wsc.fixed")},
+    **{
+        f"super_glue/{b}": _TVT
+        for b in ("boolq", "cb", "copa", "multirc", "record", "rte", "wic", "wsc.fixed")
+    },
     "super_glue/axb": ("test",),
     "super_glue/axg": ("test",),
     "definite_pronoun_resolution": ("train", "test"),
@@ -86,24 +97,30 @@ def data_dir(tmp_path_factory) -> str:
 def reference(data_dir) -> dict:
     from t5x_like import offline_corpus
 
-    return run_oracle("t5_mixtures", {"spm_path": offline_corpus.vocabulary_path(),
-                                      "data_dir": data_dir, "mixtures": list(MIXTURES),
-                                      "splits": list(EVAL_SPLITS),
-                                      "member_names": ["all_mix"]})
+    return run_oracle(
+        "t5_mixtures",
+        {
+            "spm_path": offline_corpus.vocabulary_path(),
+            "data_dir": data_dir,
+            "mixtures": list(MIXTURES),
+            "splits": list(EVAL_SPLITS),
+            "member_names": ["all_mix"],
+        },
+    )
 
 
 @pytest.mark.parametrize("name", MIXTURES)
 def test_members_and_rates_equal_the_reference(reference, name):
     mixture = seqio.get_mixture_or_task(name)
-    assert {t.name: float(mixture.get_rate(t)) for t in mixture.tasks} == (
-        reference[name]["rates"])
+    assert {t.name: float(mixture.get_rate(t)) for t in mixture.tasks} == (reference[name]["rates"])
 
 
 @pytest.mark.parametrize("name", MIXTURES)
 def test_trained_tasks_equal_the_reference(data_dir, reference, name):
     mixture = seqio.get_mixture_or_task(name)
-    trained = sorted(t.name for t in mixture.tasks
-                     if "train" in t.splits and mixture.get_rate(t) > 0)
+    trained = sorted(
+        t.name for t in mixture.tasks if "train" in t.splits and mixture.get_rate(t) > 0
+    )
     assert trained == reference[name]["trained"]
 
 
@@ -111,8 +128,7 @@ def test_trained_tasks_equal_the_reference(data_dir, reference, name):
 @pytest.mark.parametrize("name", MIXTURES)
 def test_evaluated_tasks_equal_the_reference(data_dir, reference, name, split):
     """What training's periodic evaluation and `python -m t5x_like.eval` score."""
-    assert sorted(evaluation.evaluable_tasks(name, split)) == (
-        reference[name]["evaluated"][split])
+    assert sorted(evaluation.evaluable_tasks(name, split)) == (reference[name]["evaluated"][split])
 
 
 def test_all_mix_trains_the_reference_all_mix_tasks(reference):
@@ -134,8 +150,7 @@ def test_glue_and_super_glue_evaluate_mnli_wsc_and_dpr(data_dir, reference):
     assert set(glue) == set(reference["glue_v002_proportional"]["evaluated"]["validation"])
     super_glue = evaluation.evaluable_tasks("super_glue_v102_proportional")
     assert "super_glue_wsc_v102_simple_eval" in super_glue
-    assert "dpr_v001_simple" in evaluation.evaluable_tasks("super_glue_v102_proportional",
-                                                           "test")
+    assert "dpr_v001_simple" in evaluation.evaluable_tasks("super_glue_v102_proportional", "test")
 
 
 @pytest.mark.parametrize("name", ("glue_v002_proportional", "super_glue_v102_proportional"))
@@ -147,4 +162,5 @@ def test_fine_tuning_reads_the_trained_members(data_dir, reference, name):
     for split in ("train", "validation"):
         input_pipeline.check_data_available(mixture, split)
     assert input_pipeline.steps_for_epochs(mixture, 1.0, batch_size=1) == len(
-        reference[name]["trained"])
+        reference[name]["trained"]
+    )

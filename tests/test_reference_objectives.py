@@ -3,7 +3,8 @@
 Reference: the T5 library (t5 0.9.4), run in its own process (tests/oracles/t5_objectives.py):
 its registered tasks `c4_v220_span_corruption`, `c4_v220_prefix_lm`, `c4_v220_iid_denoising` and
 `c4_v220_full_lm`, and for the other objectives the pipeline of the objective's gin file
-(t5/models/gin/objectives/*.gin; `lm.gin` for the decoder-only LM objective). Both sides read the same tiny real TFDS C4 (the reference's
+(t5/models/gin/objectives/*.gin; `lm.gin` for the decoder-only LM objective). Both sides read the
+same tiny real TFDS C4 (the reference's
 c4/en:2.2.0, ours c4/en:3.1.0, with identical documents), tokenize with the same SentencePiece
 model and take the same seed, so equal lists of (inputs, targets) mean the same pretraining
 stream: the same chunks, concatenation, splits, noise, random tokens and sentinels.
@@ -78,23 +79,35 @@ def streams(tmp_path_factory):
     loader.override_data_dir(data_dir)
     ours, cases = {}, []
     features = pretraining.output_features(vocabulary)
-    all_cases = {**{name: (reference, _lengths(name, inputs_length), features)
-                    for name, (reference, inputs_length) in CASES.items()},
-                 **{name: (reference, {"targets": 64}, {"targets": features["targets"]})
-                    for name, reference in LM_CASES.items()}}
+    all_cases = {
+        **{
+            name: (reference, _lengths(name, inputs_length), features)
+            for name, (reference, inputs_length) in CASES.items()
+        },
+        **{
+            name: (reference, {"targets": 64}, {"targets": features["targets"]})
+            for name, reference in LM_CASES.items()
+        },
+    }
     for name, (reference, lengths, output_features) in all_cases.items():
         task = seqio.get_mixture_or_task(name).replace(
-            name=f"reference_check_{name}", source=c4.C4_TFDS_SOURCE,
-            output_features=output_features)
+            name=f"reference_check_{name}",
+            source=c4.C4_TFDS_SOURCE,
+            output_features=output_features,
+        )
         for seed in SEEDS:
             key = f"{name}@{seed}"
-            ds = task.get_dataset(lengths, split="train", shuffle=False, seed=seed,
-                                  use_cached=False)
-            ours[key] = [{k: ex[k].tolist() for k in ("inputs", "targets") if k in ex}
-                         for ex in ds.as_numpy_iterator()]
+            ds = task.get_dataset(
+                lengths, split="train", shuffle=False, seed=seed, use_cached=False
+            )
+            ours[key] = [
+                {k: ex[k].tolist() for k in ("inputs", "targets") if k in ex}
+                for ex in ds.as_numpy_iterator()
+            ]
             cases.append({"name": key, **reference, "sequence_length": lengths, "seed": seed})
-    theirs = run_oracle("t5_objectives", {"spm_path": spm_path, "data_dir": data_dir,
-                                          "cases": cases})
+    theirs = run_oracle(
+        "t5_objectives", {"spm_path": spm_path, "data_dir": data_dir, "cases": cases}
+    )
     return ours, theirs, vocabulary
 
 
@@ -145,7 +158,8 @@ def test_clipped_sentinels_are_an_option():
     tokens = tf.range(3, 13)
     mask = tf.constant([True, False] * 5)
     default = preprocessors.noise_span_to_unique_sentinel(tokens, mask, vocabulary).numpy()
-    clipped = preprocessors.noise_span_to_unique_sentinel(tokens, mask, vocabulary,
-                                                          clip_to_sentinels=True).numpy()
+    clipped = preprocessors.noise_span_to_unique_sentinel(
+        tokens, mask, vocabulary, clip_to_sentinels=True
+    ).numpy()
     assert default[::2].tolist() == [25, 24, 23, 22, 21]
     assert clipped[::2].tolist() == [25, 24, 23, 23, 23]

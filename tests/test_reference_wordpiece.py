@@ -36,64 +36,135 @@ from tests.oracle import run_oracle
 
 # Hand-added pieces: cased words and letters, accented letters and combining marks, and the
 # hard cases' scripts, each also as a '##' continuation, so they are covered rather than [UNK].
-_EXTRA_LETTERS = (string.ascii_letters + string.digits + "éÉèüÜñçàøØłŁßẞﬁﬂσςΣαβγΑΒΓάΆ"
-                  "ıİiıабвгдеёжзийклмнопрстуфхцчшщъыьэюяАБВГДЕЁЖЗИЙКЛМНОПРСТУФХЦЧШЩЪЫЬЭЮЯ"
-                  "ａｂｃＡＢＣ１２３ｶﾞカガがかアイウ한국어ㅎㅏㄴ\u0301\u0308\u0327\u3099"
-                  "東京中文日本語汉字𠀀…🙂👍🏽\ue000")
-_EXTRA_WORDS = ["The", "Python", "BERT", "Hello", "World", "Café", "café", "naïve", "Straße",
-                "strasse", "ﬁne", "fine", "ΟΔΟΣ", "οδος", "οδοσ", "İstanbul", "istanbul",
-                "Москва", "москва", "ＡＢＣ", "ａｂｃ", "un", "##aff", "##able", "[unused7]"]
+_EXTRA_LETTERS = (
+    string.ascii_letters + string.digits + "éÉèüÜñçàøØłŁßẞﬁﬂσςΣαβγΑΒΓάΆ"
+    "ıİiıабвгдеёжзийклмнопрстуфхцчшщъыьэюяАБВГДЕЁЖЗИЙКЛМНОПРСТУФХЦЧШЩЪЫЬЭЮЯ"
+    "ａｂｃＡＢＣ１２３ｶﾞカガがかアイウ한국어ㅎㅏㄴ\u0301\u0308\u0327\u3099"
+    "東京中文日本語汉字𠀀…🙂👍🏽\ue000"
+)
+_EXTRA_WORDS = [
+    "The",
+    "Python",
+    "BERT",
+    "Hello",
+    "World",
+    "Café",
+    "café",
+    "naïve",
+    "Straße",
+    "strasse",
+    "ﬁne",
+    "fine",
+    "ΟΔΟΣ",
+    "οδος",
+    "οδοσ",
+    "İstanbul",
+    "istanbul",
+    "Москва",
+    "москва",
+    "ＡＢＣ",
+    "ａｂｃ",
+    "un",
+    "##aff",
+    "##able",
+    "[unused7]",
+]
 
 # Strings on which tokenizers part ways: normalization, character classes, word limits.
 HARD_CASES = [
-    "The unaffable runs!", "Hello, World. BERT's tokenizer: (numbers 12,345.67) & $5^2`~|",
+    "The unaffable runs!",
+    "Hello, World. BERT's tokenizer: (numbers 12,345.67) & $5^2`~|",
     # accents, lower-casing, NFD
-    "Café naïve résumé — ÀÉÎÕÜ; Øresund Łódź façade Ünïcödé", "cafe\u0301 CAFE\u0301 ÇA",
-    "İstanbul ISTANBUL ıi", "Ά ά ΆΈΉ",
+    "Café naïve résumé — ÀÉÎÕÜ; Øresund Łódź façade Ünïcödé",
+    "cafe\u0301 CAFE\u0301 ÇA",
+    "İstanbul ISTANBUL ıi",
+    "Ά ά ΆΈΉ",
     # ligatures, sharp s, full-width forms, compatibility characters
-    "ﬁne ﬂow ﬃ ﬁ", "Straße STRASSE ẞ ß", "ＡＢＣ ａｂｃ １２３！？（ｘ）～￥", "ｶﾞ ガ が Ⅻ ½ ² ℌ Ω Å",
+    "ﬁne ﬂow ﬃ ﬁ",
+    "Straße STRASSE ẞ ß",
+    "ＡＢＣ ａｂｃ １２３！？（ｘ）～￥",
+    "ｶﾞ ガ が Ⅻ ½ ² ℌ Ω Å",
     # Greek final sigma (ICU's and Python's full lower-casing agree)
-    "ΟΔΟΣ ΟΔΟΣ. ΑΣ.Σ Σ ΑΣΑ ΌΣΟΣ's", "ΣΑΣ ΣΣ aΣ Σa",
+    "ΟΔΟΣ ΟΔΟΣ. ΑΣ.Σ Σ ΑΣΑ ΌΣΟΣ's",
+    "ΣΑΣ ΣΣ aΣ Σa",
     # control characters, U+FFFD, NUL, zero-width characters, BOM, soft hyphen, private use
-    "a\x00b c\x01d e\x7ff g\x85h i\x9fj", "x\ufffdy \ufffd z\ufffd", "co\u00adoperate",
-    "zero\u200bwidth \u200cjoin\u200dER \ufeffbom \u2060wj \u202eRTL\u202c", "a\ue000b \ue000",
+    "a\x00b c\x01d e\x7ff g\x85h i\x9fj",
+    "x\ufffdy \ufffd z\ufffd",
+    "co\u00adoperate",
+    "zero\u200bwidth \u200cjoin\u200dER \ufeffbom \u2060wj \u202eRTL\u202c",
+    "a\ue000b \ue000",
     "a\x0bb c\x0cd \x1c\x1d\x1e\x1f",
     # whitespace of every kind
     "tabs\tand\nnewlines\r\nand\u3000ideographic\u00a0nbsp\u2009thin\u202fnarrow",
-    "line\u2028separator\u2029paragraph \u1680ogham", "   ", "", "\t\n\r ",
+    "line\u2028separator\u2029paragraph \u1680ogham",
+    "   ",
+    "",
+    "\t\n\r ",
     # combining marks alone and stacked, variation selectors, keycaps, emoji
-    "\u0301start e\u0301\u0308\u0327 ̈", "1\ufe0f\u20e3 #\ufe0f\u20e3", "🙂 🙂🙂 a🙂b",
-    "👍🏽 👩\u200d💻 🏳️\u200d🌈 🇩🇪", "☃ ★ ♥ ∑ ∞ → ← ✓",
+    "\u0301start e\u0301\u0308\u0327 ̈",
+    "1\ufe0f\u20e3 #\ufe0f\u20e3",
+    "🙂 🙂🙂 a🙂b",
+    "👍🏽 👩\u200d💻 🏳️\u200d🌈 🇩🇪",
+    "☃ ★ ♥ ∑ ∞ → ← ✓",
     # CJK (BMP, compatibility, extension B), Chinese punctuation, kana, hangul
-    "東京は日本の首都です。", "中文，标点！问号？顿号、分号；冒号：「引号」『书名』（括号）《书》",
-    "汉字𠀀𠀁 兀豈 〇〡", "アイウ がかき 한국어 조선말",
+    "東京は日本の首都です。",
+    "中文，标点！问号？顿号、分号；冒号：「引号」『书名』（括号）《书》",
+    "汉字𠀀𠀁 兀豈 〇〡",
+    "アイウ がかき 한국어 조선말",
     # ellipsis, dashes, quotes, other punctuation
-    "Wait… what…? «quoted» „low“ ‘single’ — – ‐ ‹›", "§1 ¶2 †‡ •·‧ ※ ‰ ′″ ¿¡",
+    "Wait… what…? «quoted» „low“ ‘single’ — – ‐ ‹›",
+    "§1 ¶2 †‡ •·‧ ※ ‰ ′″ ¿¡",
     # mixed scripts in one word and sentence
-    "Москва Moscow москва MOSCOW", "abcабв123 αβγabc", "عربي مُشَكَّل עִבְרִית हिन्दी ไทย",
+    "Москва Moscow москва MOSCOW",
+    "abcабв123 αβγabc",
+    "عربي مُشَكَّل עִבְרִית हिन्दी ไทย",
     "[UNK] [CLS] [SEP] [MASK] [PAD] [unused7]",
     # long words around the reference's 200-character limit (characters, after normalization)
     *["a" * n for n in (99, 100, 101, 150, 199, 200, 201, 250)],
     *["é" * n for n in (100, 101, 150, 200, 201)],  # 2 bytes a character
-    "e\u0301" * 100, "e\u0301" * 101, "ab" * 75, "Ａ" * 150, "ﬁ" * 120, "🙂" * 150,
-    "a" * 150 + "." + "b" * 150 + "," + "c" * 201, ("word " * 300).strip(),
+    "e\u0301" * 100,
+    "e\u0301" * 101,
+    "ab" * 75,
+    "Ａ" * 150,
+    "ﬁ" * 120,
+    "🙂" * 150,
+    "a" * 150 + "." + "b" * 150 + "," + "c" * 201,
+    ("word " * 300).strip(),
 ]
 
 # Undecodable UTF-8, which the reference decodes with errors ignored.
-HARD_BYTES = [b"caf\xc3", b"\xff\xfeabc", b"a\xe2\x82b c", b"\xed\xa0\x80x", b"\xc0\xafx",
-              b"ok \x80\x81 fine", "naïve".encode("utf-8") + b"\xe9"]
+HARD_BYTES = [
+    b"caf\xc3",
+    b"\xff\xfeabc",
+    b"a\xe2\x82b c",
+    b"\xed\xa0\x80x",
+    b"\xc0\xafx",
+    b"ok \x80\x81 fine",
+    "naïve".encode() + b"\xe9",
+]
 
 # Blocks sampled for the fast sweep (all assigned code points in `slow`): Latin to CJK
 # symbols, CJK boundaries, the compatibility and full-width forms, specials, emoji.
-_SWEEP_RANGES = [(0x0, 0x3400), (0x4DB0, 0x4E10), (0x9FF0, 0xA010), (0xA640, 0xA720),
-                 (0xF8F0, 0x10000), (0x1F000, 0x1FB00), (0x20000, 0x20010),
-                 (0x2A6D0, 0x2A710), (0x2CEA0, 0x2CEB8), (0x2F800, 0x2F810), (0x2FA10, 0x2FA28),
-                 (0xE0000, 0xE0080)]
+_SWEEP_RANGES = [
+    (0x0, 0x3400),
+    (0x4DB0, 0x4E10),
+    (0x9FF0, 0xA010),
+    (0xA640, 0xA720),
+    (0xF8F0, 0x10000),
+    (0x1F000, 0x1FB00),
+    (0x20000, 0x20010),
+    (0x2A6D0, 0x2A710),
+    (0x2CEA0, 0x2CEB8),
+    (0x2F800, 0x2F810),
+    (0x2FA10, 0x2FA28),
+    (0xE0000, 0xE0080),
+]
 
 
 def _assigned(code_points) -> list[int]:
-    return [c for c in code_points
-            if not 0xD800 <= c <= 0xDFFF and unicodedata.category(chr(c)) != "Cn"]
+    return [
+        c for c in code_points if not 0xD800 <= c <= 0xDFFF and unicodedata.category(chr(c)) != "Cn"
+    ]
 
 
 def _sweep(code_points) -> list[str]:
@@ -112,8 +183,9 @@ def vocab_path(tmp_path_factory) -> str:
 
     with open(offline_corpus.ensure_wordpiece_vocabulary(), encoding="utf-8") as f:
         learned = [line.rstrip("\n") for line in f]
-    cased = [w for p in learned if not p.startswith(("[", "##")) for w in (p.capitalize(),
-                                                                           p.upper())]
+    cased = [
+        w for p in learned if not p.startswith(("[", "##")) for w in (p.capitalize(), p.upper())
+    ]
     letters = [p for ch in _EXTRA_LETTERS for p in (ch, "##" + ch)]
     pieces = list(dict.fromkeys(learned + cased + letters + _EXTRA_WORDS))
     path = tmp_path_factory.mktemp("reference_wordpiece") / "vocab.txt"
@@ -125,8 +197,24 @@ def vocab_path(tmp_path_factory) -> str:
 def quirky_vocab_path(tmp_path_factory) -> str:
     """A vocab.txt as people write them: repeated pieces, spaces around pieces, CRLF, a blank
     line (the reference gives "" an id of its own)."""
-    lines = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "  cat ", "the", "sat\r",
-             "\ton", "", "##s", "cat", "mat", "##s", "."]
+    lines = [
+        "[PAD]",
+        "[UNK]",
+        "[CLS]",
+        "[SEP]",
+        "[MASK]",
+        "the",
+        "  cat ",
+        "the",
+        "sat\r",
+        "\ton",
+        "",
+        "##s",
+        "cat",
+        "mat",
+        "##s",
+        ".",
+    ]
     path = tmp_path_factory.mktemp("quirky_wordpiece") / "vocab.txt"
     path.write_bytes(("\n".join(lines) + "\n").encode("utf-8"))
     return str(path)
@@ -156,7 +244,7 @@ def _documents() -> list[str]:
 def _sample_lines(documents: list[str], count: int = 3000) -> list[str]:
     """`count` sentences spread over the whole corpus (the fast tests' share of it)."""
     sentences = [s for d in documents for s in re.split(r"(?<=[.!?])\s+", d) if s]
-    return sentences[::max(1, len(sentences) // count)][:count]
+    return sentences[:: max(1, len(sentences) // count)][:count]
 
 
 RANDOM_DRAWS = 100_000
@@ -178,20 +266,33 @@ def reference(vocab_path, quirky_vocab_path, random_vocab_path, corpus):
     """One oracle process for the whole module: ids for every text in both modes."""
     texts = HARD_CASES + corpus + _sweep(FAST_SWEEP)
     hex_texts = [b.hex() for b in HARD_BYTES]
-    runs = [{"vocab": vocab_path, "lower_case": lower, "texts": texts, "texts_hex": hex_texts}
-            for lower in (True, False)]
+    runs = [
+        {"vocab": vocab_path, "lower_case": lower, "texts": texts, "texts_hex": hex_texts}
+        for lower in (True, False)
+    ]
     runs.append({"vocab": quirky_vocab_path, "lower_case": True, "texts": QUIRKY_TEXTS})
-    result = run_oracle("bert_tokenizer", {
-        "runs": runs,
-        "random_tokens": {"vocab": random_vocab_path, "draws": RANDOM_DRAWS, "seed": 0}})
+    result = run_oracle(
+        "bert_tokenizer",
+        {
+            "runs": runs,
+            "random_tokens": {"vocab": random_vocab_path, "draws": RANDOM_DRAWS, "seed": 0},
+        },
+    )
     by_mode = {}
     for lower, run in zip((True, False), result["runs"]):
         n = len(HARD_CASES)
-        by_mode[lower] = {"hard": run["ids"][:n], "corpus": run["ids"][n:n + len(corpus)],
-                          "sweep": run["ids"][n + len(corpus):], "bytes": run["ids_hex"],
-                          "vocab_size": run["vocab_size"]}
-    return {"modes": by_mode, "quirky": result["runs"][2],
-            "random_tokens": {int(k): v for k, v in result["random_tokens"]["counts"].items()}}
+        by_mode[lower] = {
+            "hard": run["ids"][:n],
+            "corpus": run["ids"][n : n + len(corpus)],
+            "sweep": run["ids"][n + len(corpus) :],
+            "bytes": run["ids_hex"],
+            "vocab_size": run["vocab_size"],
+        }
+    return {
+        "modes": by_mode,
+        "quirky": result["runs"][2],
+        "random_tokens": {int(k): v for k, v in result["random_tokens"]["counts"].items()},
+    }
 
 
 def _ours(vocab: wordpiece.WordPieceVocabulary, texts) -> list[list[int]]:
@@ -201,8 +302,10 @@ def _ours(vocab: wordpiece.WordPieceVocabulary, texts) -> list[list[int]]:
 def _assert_same(vocab, texts, ours, want, label):
     bad = [i for i, (a, b) in enumerate(zip(ours, want)) if a != b]
     pieces = vocab.pieces
-    detail = [(texts[i][:60], [pieces[t] for t in ours[i]][:12], [pieces[t] for t in want[i]][:12])
-              for i in bad[:5]]
+    detail = [
+        (texts[i][:60], [pieces[t] for t in ours[i]][:12], [pieces[t] for t in want[i]][:12])
+        for i in bad[:5]
+    ]
     assert len(ours) == len(want)
     assert not bad, f"{label}: {len(bad)} of {len(want)} differ from FullTokenizer: {detail}"
 
@@ -240,19 +343,21 @@ def test_corpus_equals_full_tokenizer(reference, vocab_path, corpus, lower_case)
 def test_code_point_sweep_equals_full_tokenizer(reference, vocab_path, lower_case):
     vocab = wordpiece.WordPieceVocabulary(vocab_path, lower_case=lower_case)
     texts = _sweep(FAST_SWEEP)
-    _assert_same(vocab, texts, _ours(vocab, texts), reference["modes"][lower_case]["sweep"],
-                 "code points")
+    _assert_same(
+        vocab, texts, _ours(vocab, texts), reference["modes"][lower_case]["sweep"], "code points"
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("lower_case", [True, False], ids=["uncased", "cased"])
-def test_whole_corpus_and_every_code_point_equal_full_tokenizer(vocab_path, documents,
-                                                                lower_case):
+def test_whole_corpus_and_every_code_point_equal_full_tokenizer(vocab_path, documents, lower_case):
     """Every document of the offline corpus (~1.1 MB), and every code point assigned in
     Python's `unicodedata`."""
     texts = documents + _sweep(_assigned(range(0x110000)))
-    want = run_oracle("bert_tokenizer", {"runs": [
-        {"vocab": vocab_path, "lower_case": lower_case, "texts": texts}]})["runs"][0]["ids"]
+    want = run_oracle(
+        "bert_tokenizer",
+        {"runs": [{"vocab": vocab_path, "lower_case": lower_case, "texts": texts}]},
+    )["runs"][0]["ids"]
     vocab = wordpiece.WordPieceVocabulary(vocab_path, lower_case=lower_case)
     _assert_same(vocab, texts, _ours(vocab, texts), want, "whole corpus and every code point")
 
@@ -269,9 +374,12 @@ def test_transformers_python_port_agrees(reference, vocab_path, corpus, lower_ca
     ids = {p: i for i, p in enumerate(pieces)}
     basic = legacy.BasicTokenizer(do_lower_case=lower_case)
     pieces_of = legacy.WordpieceTokenizer(ids, "[UNK]", max_input_chars_per_word=200)
-    texts = [t for t in HARD_CASES + corpus
-             if not any(unicodedata.category(ch) in ("Co", "Cs", "Cn") for ch in t)
-             and (lower_case or unicodedata.is_normalized("NFC", t))]
+    texts = [
+        t
+        for t in HARD_CASES + corpus
+        if not any(unicodedata.category(ch) in ("Co", "Cs", "Cn") for ch in t)
+        and (lower_case or unicodedata.is_normalized("NFC", t))
+    ]
     want = [[ids[p] for w in basic.tokenize(t) for p in pieces_of.tokenize(w)] for t in texts]
     vocab = wordpiece.WordPieceVocabulary(vocab_path, lower_case=lower_case)
     _assert_same(vocab, texts, _ours(vocab, texts), want, "transformers' Python port")
@@ -332,7 +440,8 @@ def test_random_token_is_uniform_over_all_ids_but_padding():
     """The draw itself, many times: every id but 0 occurs, uniformly (same bound as above)."""
     rng = np.random.default_rng(1)
     vocab_size = 50
-    counts = np.bincount([bert_data.random_token(vocab_size, rng) for _ in range(50_000)],
-                         minlength=vocab_size)
+    counts = np.bincount(
+        [bert_data.random_token(vocab_size, rng) for _ in range(50_000)], minlength=vocab_size
+    )
     assert counts[0] == 0 and (counts[1:] > 0).all()
     assert stats.chisquare(counts[1:]).statistic < stats.chi2.ppf(1 - 1e-6, vocab_size - 2)

@@ -22,8 +22,24 @@ def _expand(first_offsets: list[int], n_max: int) -> dict[int, int]:
 
 # First distance of each bucket, hand-computed.
 BIDIRECTIONAL_STARTS = [0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 23, 32, 46, 64, 91]
-UNIDIRECTIONAL_STARTS = list(range(16)) + [16, 19, 21, 24, 27, 31, 35, 40, 46, 52, 59, 67, 77,
-                                           87, 99, 113]
+UNIDIRECTIONAL_STARTS = list(range(16)) + [
+    16,
+    19,
+    21,
+    24,
+    27,
+    31,
+    35,
+    40,
+    46,
+    52,
+    59,
+    67,
+    77,
+    87,
+    99,
+    113,
+]
 
 
 def test_bidirectional_bucket_table():
@@ -45,10 +61,14 @@ def test_unidirectional_bucket_table():
 
 def test_spot_values():
     rel = np.array([0, -1, -7, -8, -11, -12, -16, -127, -128, -1000, 1, 8, 1000])
-    np.testing.assert_array_equal(layers.relative_position_bucket(rel, True, 32, 128),
-                                  [0, 1, 7, 8, 8, 9, 10, 15, 15, 15, 17, 24, 31])
-    np.testing.assert_array_equal(layers.relative_position_bucket(rel, False, 32, 128),
-                                  [0, 1, 7, 8, 11, 12, 16, 31, 31, 31, 0, 0, 0])
+    np.testing.assert_array_equal(
+        layers.relative_position_bucket(rel, True, 32, 128),
+        [0, 1, 7, 8, 8, 9, 10, 15, 15, 15, 17, 24, 31],
+    )
+    np.testing.assert_array_equal(
+        layers.relative_position_bucket(rel, False, 32, 128),
+        [0, 1, 7, 8, 11, 12, 16, 31, 31, 31, 0, 0, 0],
+    )
 
 
 @pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (64, 256), (16, 64)])

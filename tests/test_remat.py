@@ -15,15 +15,37 @@ from t5x_like.models.decoder_only import DecoderOnlyModel, GPTConfig
 from t5x_like.models.encoder_decoder import EncoderDecoderModel, unbox
 from tests.test_chunked_loss import VOCAB, _gpt_batch, _t5_batch
 
-T5_CONFIG = t5.T5Config(vocab_size=VOCAB, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32,
-                        num_encoder_layers=1, num_decoder_layers=1, dropout_rate=0.0,
-                        mlp_activations=("gelu", "linear"))
-GPT_CONFIG = GPTConfig(vocab_size=VOCAB, hidden_size=16, num_layers=2, num_heads=2,
-                       intermediate_size=32, max_position_embeddings=16, dropout_rate=0.0,
-                       attention_dropout_rate=0.0)
-BERT_CONFIG = bert.BertConfig(vocab_size=VOCAB, hidden_size=16, num_layers=2, num_heads=2,
-                              intermediate_size=32, max_position_embeddings=16,
-                              dropout_rate=0.0, attention_dropout_rate=0.0)
+T5_CONFIG = t5.T5Config(
+    vocab_size=VOCAB,
+    emb_dim=16,
+    num_heads=2,
+    head_dim=8,
+    mlp_dim=32,
+    num_encoder_layers=1,
+    num_decoder_layers=1,
+    dropout_rate=0.0,
+    mlp_activations=("gelu", "linear"),
+)
+GPT_CONFIG = GPTConfig(
+    vocab_size=VOCAB,
+    hidden_size=16,
+    num_layers=2,
+    num_heads=2,
+    intermediate_size=32,
+    max_position_embeddings=16,
+    dropout_rate=0.0,
+    attention_dropout_rate=0.0,
+)
+BERT_CONFIG = bert.BertConfig(
+    vocab_size=VOCAB,
+    hidden_size=16,
+    num_layers=2,
+    num_heads=2,
+    intermediate_size=32,
+    max_position_embeddings=16,
+    dropout_rate=0.0,
+    attention_dropout_rate=0.0,
+)
 
 
 def bert_batch() -> dict:
@@ -46,11 +68,11 @@ def _loss_and_grads(model, params, batch):
 
 def _models(family: str, policy: str):
     if family == "t5":
-        return EncoderDecoderModel(dataclasses.replace(T5_CONFIG, remat_policy=policy)), \
-            _t5_batch()
+        return EncoderDecoderModel(dataclasses.replace(T5_CONFIG, remat_policy=policy)), _t5_batch()
     if family == "bert":
-        return BertPretrainingModel(dataclasses.replace(BERT_CONFIG, remat_policy=policy)), \
-            bert_batch()
+        return BertPretrainingModel(
+            dataclasses.replace(BERT_CONFIG, remat_policy=policy)
+        ), bert_batch()
     return DecoderOnlyModel(dataclasses.replace(GPT_CONFIG, remat_policy=policy)), _gpt_batch()
 
 
@@ -66,20 +88,28 @@ def _check_policies(family: str, policies) -> None:
     loss, grads = _loss_and_grads(plain, params, batch)
     for policy in policies:
         model, _ = _models(family, policy)
-        assert jax.tree_util.tree_structure(jax.eval_shape(lambda: _init(model))) == \
-            jax.tree_util.tree_structure(params), policy  # same parameter names
+        assert jax.tree_util.tree_structure(
+            jax.eval_shape(lambda: _init(model))
+        ) == jax.tree_util.tree_structure(params), policy  # same parameter names
         loss_r, grads_r = _loss_and_grads(model, params, batch)
         np.testing.assert_allclose(loss_r, loss, rtol=1e-6, err_msg=policy)
         jax.tree_util.tree_map(
-            lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7,
-                                                    err_msg=policy), grads_r, grads)
+            lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7, err_msg=policy),
+            grads_r,
+            grads,
+        )
 
 
 # T5 with two policies in the default suite (a compile each; the default suite stays under 15
 # minutes); the decoder-only pair and every (family, policy) in the slow set.
-@pytest.mark.parametrize("family,policies", [
-    ("t5", ("full", "save_qkv_proj")), ("bert", ("full", "dots")),
-    pytest.param("decoder_only", ("dots", "dots_no_batch"), marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "family,policies",
+    [
+        ("t5", ("full", "save_qkv_proj")),
+        ("bert", ("full", "dots")),
+        pytest.param("decoder_only", ("dots", "dots_no_batch"), marks=pytest.mark.slow),
+    ],
+)
 def test_remat_policies_give_the_plain_gradients(family, policies):
     _check_policies(family, policies)
 
@@ -106,8 +136,11 @@ def test_the_full_policy_recomputes_the_forward_in_the_backward_pass(family):
     for policy in ("none", "full"):
         model, batch = _models(family, policy)
         params = _init(model)
-        jaxpr = jax.make_jaxpr(jax.grad(lambda p: base.objective(
-            model.loss_sums(p, batch), model.loss_denominators(batch))))(params)
+        jaxpr = jax.make_jaxpr(
+            jax.grad(
+                lambda p: base.objective(model.loss_sums(p, batch), model.loss_denominators(batch))
+            )
+        )(params)
         counts[policy] = _count_dots(jaxpr.jaxpr)
     assert counts["full"] > counts["none"], counts
 

@@ -14,13 +14,27 @@ from tests.test_train import ROOT, TINY_RUN
 def test_profiled_run_then_report(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     model_dir = tmp_path / "run"
-    assert train.main(["--gin_file=gin_configs/runs/quickstart.gin", "--profile_steps=2:4",
-                       *[f"--gin.{b}" for b in TINY_RUN], f"--gin.MODEL_DIR={model_dir}",
-                       "--gin.TRAIN_STEPS=10", "--gin.train.eval_every=5",
-                       "--gin.train.num_predictions=0"]) == 0
+    assert (
+        train.main(
+            [
+                "--gin_file=gin_configs/runs/quickstart.gin",
+                "--profile_steps=2:4",
+                *[f"--gin.{b}" for b in TINY_RUN],
+                f"--gin.MODEL_DIR={model_dir}",
+                "--gin.TRAIN_STEPS=10",
+                "--gin.train.eval_every=5",
+                "--gin.train.num_predictions=0",
+            ]
+        )
+        == 0
+    )
     logged = capsys.readouterr().out
-    traces = [f for _, _, files in os.walk(model_dir / "tensorboard" / "plugins" / "profile")
-              for f in files if f.endswith(".xplane.pb")]
+    traces = [
+        f
+        for _, _, files in os.walk(model_dir / "tensorboard" / "plugins" / "profile")
+        for f in files
+        if f.endswith(".xplane.pb")
+    ]
     assert traces and "profile of steps 2-4 written" in logged
     final = [line for line in logs.unstamped(logged) if line.startswith("step      10  loss")][0]
     assert "step_s " in final and "mfu " in final

@@ -25,8 +25,14 @@ from tests.test_train import ROOT, _train_cmd
 
 
 def _lease(path, **fields):
-    holder = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
-              "heartbeat": time.time(), "token": "other", **fields}
+    holder = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started": time.time(),
+        "heartbeat": time.time(),
+        "token": "other",
+        **fields,
+    }
     path.write_text(json.dumps(holder))
     return holder
 
@@ -46,8 +52,9 @@ def test_a_second_run_on_a_model_dir_is_refused_naming_the_holder(tmp_path):
 
 
 def test_a_dead_runs_lock_is_taken_over(tmp_path, capsys):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
     _lease(tmp_path / run_lock.LOCK_FILE, pid=int(dead))  # same host, process gone
     lock = run_lock.acquire(str(tmp_path))
     assert f"process {dead} on this host is gone" in capsys.readouterr().out
@@ -78,9 +85,18 @@ def test_a_bucket_lease_is_read_back_before_it_is_trusted(tmp_path, monkeypatch)
     real_sleep = time.sleep
 
     def rival_writes_meanwhile(seconds):
-        storage.write_text(os.path.join(directory, run_lock.LOCK_FILE), json.dumps(
-            {"host": "rival", "pid": 1, "started": 0, "heartbeat": time.time(),
-             "token": "rival"}))
+        storage.write_text(
+            os.path.join(directory, run_lock.LOCK_FILE),
+            json.dumps(
+                {
+                    "host": "rival",
+                    "pid": 1,
+                    "started": 0,
+                    "heartbeat": time.time(),
+                    "token": "rival",
+                }
+            ),
+        )
         real_sleep(0)
 
     monkeypatch.setattr(run_lock.time, "sleep", rival_writes_meanwhile)
@@ -95,14 +111,19 @@ def test_a_bucket_lease_is_read_back_before_it_is_trusted(tmp_path, monkeypatch)
 def test_two_runs_on_one_model_dir_the_second_is_refused(tmp_path):
     model_dir = tmp_path / "run"
     first_stderr = open(tmp_path / "first_stderr.txt", "w+")
-    first = subprocess.Popen(_train_cmd(model_dir, 100_000, every=100_000), cwd=ROOT,
-                             stdout=subprocess.DEVNULL, stderr=first_stderr)
+    first = subprocess.Popen(
+        _train_cmd(model_dir, 100_000, every=100_000),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=first_stderr,
+    )
     try:
         deadline = time.time() + 120
         while not (model_dir / run_lock.LOCK_FILE).exists() and time.time() < deadline:
             time.sleep(0.2)
-        second = subprocess.run(_train_cmd(model_dir, 4), cwd=ROOT, capture_output=True,
-                                text=True, timeout=300)
+        second = subprocess.run(
+            _train_cmd(model_dir, 4), cwd=ROOT, capture_output=True, text=True, timeout=300
+        )
     finally:
         first.send_signal(signal.SIGTERM)
         first.wait(timeout=300)
@@ -117,8 +138,9 @@ def test_two_runs_on_one_model_dir_the_second_is_refused(tmp_path):
 def test_sigterm_during_start_up_exits_zero_and_saves_nothing(tmp_path):
     model_dir = tmp_path / "run"
     stderr = open(tmp_path / "stderr.txt", "w+")  # a file: a pipe nobody reads could fill
-    proc = subprocess.Popen(_train_cmd(model_dir, 100), cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=stderr, text=True)
+    proc = subprocess.Popen(
+        _train_cmd(model_dir, 100), cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True
+    )
     try:
         for line in proc.stdout:  # the operative config is printed during start-up
             if "Operative config" in line:
@@ -134,8 +156,11 @@ def test_sigterm_during_start_up_exits_zero_and_saves_nothing(tmp_path):
     # The stop is no exception raised into whatever start-up was running (a gc callback would
     # swallow it and start-up would carry on; unwound through compilation it crashed the exit).
     assert "Traceback" not in errors and "Exception ignored" not in errors, errors[-3000:]
-    assert not [d for d in os.listdir(model_dir / "checkpoints") if d.isdigit()] if (
-        model_dir / "checkpoints").exists() else True
+    assert (
+        not [d for d in os.listdir(model_dir / "checkpoints") if d.isdigit()]
+        if (model_dir / "checkpoints").exists()
+        else True
+    )
     assert not (model_dir / run_lock.LOCK_FILE).exists()
 
 
@@ -145,9 +170,13 @@ def _stop_and_signal_again_during_the_save(model_dir) -> tuple[int, list[str], b
     the log's lines, and whether the directory was still there after the second signal was
     sent, i.e. it reached the process while the save was being written."""
     checkpoints = model_dir / "checkpoints"
-    proc = subprocess.Popen(_train_cmd(model_dir, 100_000, every=100_000)
-                            + ["--gin.train.log_every=1"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        _train_cmd(model_dir, 100_000, every=100_000) + ["--gin.train.log_every=1"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     lines, hit = [], False
     try:
         for line in proc.stdout:
@@ -200,8 +229,11 @@ def small_disk(tmp_path):
     not two): root only, skipped elsewhere."""
     mount = tmp_path / "small_disk"
     mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6200k", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=6200k", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
     if made.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({made.stderr.strip()[:100]})")
     try:
@@ -215,8 +247,9 @@ def test_a_full_disk_says_so_keeps_the_earlier_step_and_a_rerun_resumes(small_di
     import shutil
 
     model_dir = small_disk / "run"
-    full = subprocess.run(_train_cmd(model_dir, 6, every=2), cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    full = subprocess.run(
+        _train_cmd(model_dir, 6, every=2), cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert full.returncode == 2
     # orbax's writer threads log one line each (the low-level cause, with the file), no
     # traceback; ours is the one "error:" line, and the last.
@@ -224,18 +257,22 @@ def test_a_full_disk_says_so_keeps_the_earlier_step_and_a_rerun_resumes(small_di
     errors = [line for line in lines if line.startswith("error: ")]
     assert len(errors) == 1 and lines[-1] == errors[0], full.stderr[-3000:]
     assert "Traceback" not in full.stderr and "Event loop is closed" not in full.stderr, (
-        full.stderr[-3000:])
+        full.stderr[-3000:]
+    )
     last = errors[0]
-    assert last.startswith("error: Saving the checkpoint of step 4 to "
-                           f"{model_dir}/checkpoints failed: the disk is full (")
+    assert last.startswith(
+        "error: Saving the checkpoint of step 4 to "
+        f"{model_dir}/checkpoints failed: the disk is full ("
+    )
     assert "a checkpoint needs about" in last and "resume from step 2" in last
     out = logs.unstamped(full.stdout)
     assert "step       2  checkpoint saved" in out and "step       4  checkpoint saved" not in out
     # Free space (here: move the run to a larger disk) and rerun: it resumes from step 2.
     moved = tmp_path / "moved"
     shutil.copytree(model_dir, moved)
-    rerun = subprocess.run(_train_cmd(moved, 6, every=2), cwd=ROOT, capture_output=True,
-                           text=True, timeout=300)
+    rerun = subprocess.run(
+        _train_cmd(moved, 6, every=2), cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert "Resumed from the checkpoint at step 2" in rerun.stdout
     assert max(int(d) for d in os.listdir(moved / "checkpoints") if d.isdigit()) == 6

@@ -16,26 +16,37 @@ from tests.test_train import TINY_RUN
 
 
 def _train(model_dir, *args, steps=2):
-    return train.main(["--gin_file=gin_configs/runs/quickstart.gin"]
-                      + [f"--gin.{b}" for b in TINY_RUN]
-                      + [f"--gin.MODEL_DIR={model_dir}", f"--gin.TRAIN_STEPS={steps}",
-                         "--gin.train.eval_every=0", "--gin.train.num_predictions=0",
-                         "--gin.train.checkpoint_every=2", *args])
+    return train.main(
+        ["--gin_file=gin_configs/runs/quickstart.gin"]
+        + [f"--gin.{b}" for b in TINY_RUN]
+        + [
+            f"--gin.MODEL_DIR={model_dir}",
+            f"--gin.TRAIN_STEPS={steps}",
+            "--gin.train.eval_every=0",
+            "--gin.train.num_predictions=0",
+            "--gin.train.checkpoint_every=2",
+            *args,
+        ]
+    )
 
 
 def _tree(path):
-    return sorted(os.path.relpath(os.path.join(d, f), path)
-                  for d, _, files in os.walk(path) for f in files)
+    return sorted(
+        os.path.relpath(os.path.join(d, f), path) for d, _, files in os.walk(path) for f in files
+    )
 
 
-@pytest.mark.parametrize("binding,message", [
-    ("TRAIN_STEPS=abc", "--gin.train.train_steps must be an integer >= 1, not 'abc'"),
-    ("train.batch_size=-4", "--gin.train.batch_size must be >= 1, not -4"),
-    ("train.batch_size=0", "--gin.train.batch_size must be >= 1, not 0"),
-    ("train.keep_checkpoints=0", "--gin.train.keep_checkpoints must be >= 1, not 0"),
-    ("train.warmup_proportion=1.5", "--gin.train.warmup_proportion must be >= 0 <= 1, not 1.5"),
-    ("train.peak_learning_rate=0", "--gin.train.peak_learning_rate must be > 0, not 0"),
-])
+@pytest.mark.parametrize(
+    "binding,message",
+    [
+        ("TRAIN_STEPS=abc", "--gin.train.train_steps must be an integer >= 1, not 'abc'"),
+        ("train.batch_size=-4", "--gin.train.batch_size must be >= 1, not -4"),
+        ("train.batch_size=0", "--gin.train.batch_size must be >= 1, not 0"),
+        ("train.keep_checkpoints=0", "--gin.train.keep_checkpoints must be >= 1, not 0"),
+        ("train.warmup_proportion=1.5", "--gin.train.warmup_proportion must be >= 0 <= 1, not 1.5"),
+        ("train.peak_learning_rate=0", "--gin.train.peak_learning_rate must be > 0, not 0"),
+    ],
+)
 def test_a_bad_setting_is_one_line_and_writes_nothing(tmp_path, capsys, binding, message):
     model_dir = tmp_path / "run"
     model_dir.mkdir()
@@ -61,13 +72,19 @@ def other_vocabulary_task(tmp_path_factory):
     reversed_text = directory / "reversed.txt"
     with open(offline_corpus.ensure_corpus()["train"], encoding="utf-8") as f:
         reversed_text.write_text("".join(line[::-1].strip() + "\n" for line in f))
-    spm.SentencePieceTrainer.train(input=str(reversed_text), model_prefix=str(directory / "m"),
-                                   vocab_size=1900, model_type="unigram",
-                                   hard_vocab_limit=False)
+    spm.SentencePieceTrainer.train(
+        input=str(reversed_text),
+        model_prefix=str(directory / "m"),
+        vocab_size=1900,
+        model_type="unigram",
+        hard_vocab_limit=False,
+    )
     vocabulary = seqio.SentencePieceVocabulary(str(directory / "m.model"), extra_ids=100)
     base = seqio.get_mixture_or_task("offline_span_corruption")
-    features = {k: seqio.Feature(vocabulary, add_eos=f.add_eos, required=f.required)
-                for k, f in base.output_features.items()}
+    features = {
+        k: seqio.Feature(vocabulary, add_eos=f.add_eos, required=f.required)
+        for k, f in base.output_features.items()
+    }
     name = "offline_span_corruption_other_vocabulary"
     if name not in seqio.TaskRegistry.names():
         seqio.TaskRegistry.add_provider(name, base.replace(name=name, output_features=features))
@@ -76,7 +93,8 @@ def other_vocabulary_task(tmp_path_factory):
 
 @pytest.mark.slow  # two training runs
 def test_a_resume_with_another_vocabulary_is_refused_naming_both(
-        tmp_path, capsys, other_vocabulary_task):
+    tmp_path, capsys, other_vocabulary_task
+):
     from t5x_like import offline_corpus
 
     name, other_file = other_vocabulary_task

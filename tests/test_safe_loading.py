@@ -43,19 +43,29 @@ def test_a_pickle_that_runs_code_is_refused_and_never_runs(family, tmp_path):
         _make_hf_checkpoint(directory, "v1_1_gated_gelu_untied")
         load = hf_t5.load_hf_checkpoint
     elif family == "gpt":
-        transformers.GPT2LMHeadModel(transformers.GPT2Config(
-            vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)).save_pretrained(
-                directory)
+        transformers.GPT2LMHeadModel(
+            transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)
+        ).save_pretrained(directory)
         load = hf_gpt.load_hf_checkpoint
     else:
-        transformers.BertForPreTraining(transformers.BertConfig(
-            vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-            intermediate_size=32, max_position_embeddings=16)).save_pretrained(directory)
+        transformers.BertForPreTraining(
+            transformers.BertConfig(
+                vocab_size=64,
+                hidden_size=16,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                intermediate_size=32,
+                max_position_embeddings=16,
+            )
+        ).save_pretrained(directory)
         load = hf_bert.load_hf_checkpoint
     marker = tmp_path / "code_ran"
     _plant_bin(directory, {"shared.weight": _RunsCode(str(marker))})
-    with pytest.raises(hf_t5.CheckpointError, match=r"pytorch_model.bin was not loaded: it holds "
-                                                    r"more than tensors.*could run code"):
+    with pytest.raises(
+        hf_t5.CheckpointError,
+        match=r"pytorch_model.bin was not loaded: it holds "
+        r"more than tensors.*could run code",
+    ):
         load(str(directory))
     assert not marker.exists(), "unpickling ran the file's code"
 

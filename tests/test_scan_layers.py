@@ -18,15 +18,38 @@ from t5x_like.models.encoder_decoder import EncoderDecoderModel, unbox
 from tests.test_chunked_loss import VOCAB, _gpt_batch, _t5_batch
 from tests.test_remat import bert_batch
 
-T5_CONFIG = t5.T5Config(vocab_size=VOCAB, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32,
-                        num_encoder_layers=3, num_decoder_layers=2, dropout_rate=0.0,
-                        mlp_activations=("gelu", "linear"), logits_via_embedding=False)
-GPT_CONFIG = GPTConfig(vocab_size=VOCAB, hidden_size=16, num_layers=3, num_heads=2,
-                       intermediate_size=32, max_position_embeddings=32, dropout_rate=0.0,
-                       attention_dropout_rate=0.0)
-BERT_CONFIG = bert.BertConfig(vocab_size=VOCAB, hidden_size=16, num_layers=3, num_heads=2,
-                              intermediate_size=32, max_position_embeddings=16,
-                              dropout_rate=0.0, attention_dropout_rate=0.0)
+T5_CONFIG = t5.T5Config(
+    vocab_size=VOCAB,
+    emb_dim=16,
+    num_heads=2,
+    head_dim=8,
+    mlp_dim=32,
+    num_encoder_layers=3,
+    num_decoder_layers=2,
+    dropout_rate=0.0,
+    mlp_activations=("gelu", "linear"),
+    logits_via_embedding=False,
+)
+GPT_CONFIG = GPTConfig(
+    vocab_size=VOCAB,
+    hidden_size=16,
+    num_layers=3,
+    num_heads=2,
+    intermediate_size=32,
+    max_position_embeddings=32,
+    dropout_rate=0.0,
+    attention_dropout_rate=0.0,
+)
+BERT_CONFIG = bert.BertConfig(
+    vocab_size=VOCAB,
+    hidden_size=16,
+    num_layers=3,
+    num_heads=2,
+    intermediate_size=32,
+    max_position_embeddings=16,
+    dropout_rate=0.0,
+    attention_dropout_rate=0.0,
+)
 BATCHES = {"t5": _t5_batch, "decoder_only": _gpt_batch, "bert": bert_batch}
 
 
@@ -53,8 +76,11 @@ def _loss_and_grads(model, params, batch):
 
 def _assert_trees_equal(a, b, rtol=1e-5, atol=1e-7):
     assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
-    jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(
-        np.asarray(x), np.asarray(y), rtol=rtol, atol=atol), a, b)
+    jax.tree_util.tree_map(
+        lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol),
+        a,
+        b,
+    )
 
 
 def test_layout_conversion_is_exact_and_names_the_layers():
@@ -63,20 +89,28 @@ def test_layout_conversion_is_exact_and_names_the_layers():
     assert set(stacked["encoder"]) == {"layers", "relpos_bias", "encoder_norm"}
     kernel = stacked["encoder"]["layers"]["attention"]["query"]["kernel"]
     assert kernel.shape == (3, 16, 2, 8)
-    np.testing.assert_array_equal(kernel[2], params["encoder"]["layers_2"]["attention"]["query"]
-                                  ["kernel"])
+    np.testing.assert_array_equal(
+        kernel[2], params["encoder"]["layers_2"]["attention"]["query"]["kernel"]
+    )
     assert scan_layout.is_scanned(stacked) and not scan_layout.is_scanned(params)
     back = scan_layout.unstack_layers(stacked)
     jax.tree_util.tree_map(np.testing.assert_array_equal, back, params)
     # The scanned model's own initialisation has exactly the converted layout.
     scanned_shapes = jax.eval_shape(lambda: _init(_model("t5", scan_layers=True)))
-    assert jax.tree_util.tree_map(lambda a: a.shape, scanned_shapes) == \
-        jax.tree_util.tree_map(lambda a: a.shape, stacked)
+    assert jax.tree_util.tree_map(lambda a: a.shape, scanned_shapes) == jax.tree_util.tree_map(
+        lambda a: a.shape, stacked
+    )
 
 
-@pytest.mark.parametrize("family,remat", [
-    ("t5", "none"), ("t5", "dots"),  # 'dots': the policy the README pairs with scanning
-    ("bert", "dots"), pytest.param("decoder_only", "full", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "family,remat",
+    [
+        ("t5", "none"),
+        ("t5", "dots"),  # 'dots': the policy the README pairs with scanning
+        ("bert", "dots"),
+        pytest.param("decoder_only", "full", marks=pytest.mark.slow),
+    ],
+)
 def test_scanned_stack_gives_the_per_layer_loss_and_gradients(family, remat):
     batch = BATCHES[family]()
     plain = _model(family)
@@ -97,8 +131,11 @@ def test_scanned_t5_decodes_as_the_per_layer_model(method):
     scanned = _model("t5", scan_layers=True)
     batch = {"encoder_input_tokens": _t5_batch()["encoder_input_tokens"]}
     config = decoding.DecodeConfig(method=method, beam_size=3)
-    run = lambda model, p: jax.jit(lambda p: model.predict_batch(  # noqa: E731
-        p, batch, 7, return_scores=True, decode=config, return_all_beams=True))(p)
+    run = lambda model, p: jax.jit(
+        lambda p: model.predict_batch(  # noqa: E731
+            p, batch, 7, return_scores=True, decode=config, return_all_beams=True
+        )
+    )(p)
     tokens, scores = run(plain, params)
     tokens_s, scores_s = run(scanned, scan_layout.stack_layers(params))
     np.testing.assert_array_equal(tokens_s, tokens)
@@ -112,8 +149,11 @@ def test_scanned_decoder_only_beam_search_matches():
     scanned = _model("decoder_only", scan_layers=True)
     prompt = np.array([[5, 6, 7, 0], [8, 9, 0, 0]], np.int32)
     config = decoding.DecodeConfig(method="beam", beam_size=2)
-    run = lambda model, p: jax.jit(lambda p: model.predict_batch(  # noqa: E731
-        p, {model.PROMPT_FEATURE: prompt}, 5, return_scores=True, decode=config))(p)
+    run = lambda model, p: jax.jit(
+        lambda p: model.predict_batch(  # noqa: E731
+            p, {model.PROMPT_FEATURE: prompt}, 5, return_scores=True, decode=config
+        )
+    )(p)
     tokens, scores = run(plain, params)
     tokens_s, scores_s = run(scanned, scan_layout.stack_layers(params))
     np.testing.assert_array_equal(tokens_s, tokens)
@@ -133,9 +173,11 @@ def test_scanned_bert_refuses_the_feature_based_approach():
 
 def _traced_size(model, params, batch) -> int:
     """Equations in the jitted train-step gradient's program, counted into sub-programs."""
+
     def count(jaxpr):
-        return sum(1 + sum(count(sub) for sub in jax.core.jaxprs_in_params(e.params))
-                   for e in jaxpr.eqns)
+        return sum(
+            1 + sum(count(sub) for sub in jax.core.jaxprs_in_params(e.params)) for e in jaxpr.eqns
+        )
 
     def loss_fn(p):
         return base.objective(model.loss_sums(p, batch), model.loss_denominators(batch))
@@ -150,8 +192,9 @@ def test_scanned_program_does_not_grow_with_depth():
     sizes = {}
     for scan in (False, True):
         for depth in (2, 8):
-            model = _model("t5", scan_layers=scan, num_encoder_layers=depth,
-                           num_decoder_layers=depth)
+            model = _model(
+                "t5", scan_layers=scan, num_encoder_layers=depth, num_decoder_layers=depth
+            )
             params = jax.eval_shape(lambda m=model: _init(m))
             sizes[scan, depth] = _traced_size(model, params, batch)
     assert sizes[True, 8] == sizes[True, 2], sizes
@@ -160,10 +203,12 @@ def test_scanned_program_does_not_grow_with_depth():
 
 
 def _replicated(tree):
-    device = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",)),
-                                        jax.sharding.PartitionSpec())
+    device = jax.sharding.NamedSharding(
+        jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",)), jax.sharding.PartitionSpec()
+    )
     return jax.tree_util.tree_map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), tree)
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), tree
+    )
 
 
 @pytest.mark.parametrize("saved_scanned", [False, True])
@@ -191,11 +236,13 @@ def test_per_layer_language_model_loads_into_a_scanned_classifier(tmp_path):
     cfg = dataclasses.replace(GPT_CONFIG, scan_layers=True, num_special_tokens=3)
     model = GPTClassifierModel(cfg, num_labels=2)
     fresh = unbox(jax.jit(model.init)(jax.random.key(4)))
-    loaded = params_io.load_pretrained(str(tmp_path), cfg, _replicated(fresh),
-                                       fresh_params=lambda: fresh)
+    loaded = params_io.load_pretrained(
+        str(tmp_path), cfg, _replicated(fresh), fresh_params=lambda: fresh
+    )
     assert jax.tree_util.tree_structure(loaded) == jax.tree_util.tree_structure(fresh)
-    np.testing.assert_array_equal(loaded["layers"]["mlp"]["wo"]["kernel"][2],
-                                  lm_params["layers_2"]["mlp"]["wo"]["kernel"])
+    np.testing.assert_array_equal(
+        loaded["layers"]["mlp"]["wo"]["kernel"][2], lm_params["layers_2"]["mlp"]["wo"]["kernel"]
+    )
     table = np.asarray(loaded["token_embeddings"]["embedding"])
     np.testing.assert_array_equal(table[:VOCAB], lm_params["token_embeddings"]["embedding"])
     np.testing.assert_array_equal(table[VOCAB:], fresh["token_embeddings"]["embedding"][VOCAB:])

@@ -14,14 +14,27 @@ pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulat
 
 # Dimensions divisible by 8 so that every layout can split heads, mlp and vocab; d_model and
 # d_ff of 128 make Adafactor factor the kernels, so its row/column moments are sharded too.
-CONFIG = t5.T5Config(vocab_size=256, emb_dim=128, num_heads=8, head_dim=4, mlp_dim=128,
-                     num_encoder_layers=1, num_decoder_layers=1, dropout_rate=0.0,
-                     logits_via_embedding=False, mlp_activations=("gelu", "linear"))
+CONFIG = t5.T5Config(
+    vocab_size=256,
+    emb_dim=128,
+    num_heads=8,
+    head_dim=4,
+    mlp_dim=128,
+    num_encoder_layers=1,
+    num_decoder_layers=1,
+    dropout_rate=0.0,
+    logits_via_embedding=False,
+    mlp_activations=("gelu", "linear"),
+)
 # One layout of each kind in the default suite; the other meshes in the slow set (a compile each).
-LAYOUTS = [((8, 1), "data_parallel"), ((4, 2), "model_parallel"),
-           pytest.param((2, 4), "model_parallel", marks=pytest.mark.slow),
-           pytest.param((1, 8), "model_parallel", marks=pytest.mark.slow),
-           ((8, 1), "fsdp"), pytest.param((4, 2), "fsdp", marks=pytest.mark.slow)]
+LAYOUTS = [
+    ((8, 1), "data_parallel"),
+    ((4, 2), "model_parallel"),
+    pytest.param((2, 4), "model_parallel", marks=pytest.mark.slow),
+    pytest.param((1, 8), "model_parallel", marks=pytest.mark.slow),
+    ((8, 1), "fsdp"),
+    pytest.param((4, 2), "fsdp", marks=pytest.mark.slow),
+]
 
 
 # The steps compared here are compiled as a user's are, with LLVM at XLA's default level
@@ -35,19 +48,28 @@ def _batch(seed=0, batch=8):
     rng = np.random.default_rng(seed)
     tgt = rng.integers(2, 256, (batch, 8)).astype(np.int32)
     tgt[1, 5:] = 0  # some padding, so token-count normalisation matters
-    return {"encoder_input_tokens": rng.integers(2, 256, (batch, 16)).astype(np.int32),
-            "decoder_target_tokens": tgt, "decoder_input_tokens": np.asarray(shift_right(tgt)),
-            "decoder_loss_weights": (tgt > 0).astype(np.float32)}
+    return {
+        "encoder_input_tokens": rng.integers(2, 256, (batch, 16)).astype(np.int32),
+        "decoder_target_tokens": tgt,
+        "decoder_input_tokens": np.asarray(shift_right(tgt)),
+        "decoder_loss_weights": (tgt > 0).astype(np.float32),
+    }
 
 
-def _one_step(mesh_shape, layout_name, num_microbatches=1, devices=None,
-              axis_names=partitioning.DEFAULT_AXIS_NAMES):
+def _one_step(
+    mesh_shape,
+    layout_name,
+    num_microbatches=1,
+    devices=None,
+    axis_names=partitioning.DEFAULT_AXIS_NAMES,
+):
     model = EncoderDecoderModel(CONFIG)
     lr = optimizers.inverse_sqrt_schedule(10)
     optimizer = optimizers.t5_adafactor(lr)
     mesh = partitioning.make_mesh(mesh_shape=mesh_shape, devices=devices, axis_names=axis_names)
-    layout = trainer.make_layout(model, optimizer, mesh,
-                                 partitioning.logical_axis_rules(layout_name))
+    layout = trainer.make_layout(
+        model, optimizer, mesh, partitioning.logical_axis_rules(layout_name)
+    )
     state = trainer.init_state(model, optimizer, jax.random.key(0), layout)
     step = trainer.make_train_step(model, optimizer, lr, layout, num_microbatches)
     batch, rng = layout.global_batch(_batch()), jax.random.key(1)
@@ -64,8 +86,10 @@ def reference():
 
 
 def _assert_same(state, ref_state):
-    for got, want in zip(jax.tree_util.tree_leaves(jax.device_get(state.params)),
-                         jax.tree_util.tree_leaves(ref_state.params)):
+    for got, want in zip(
+        jax.tree_util.tree_leaves(jax.device_get(state.params)),
+        jax.tree_util.tree_leaves(ref_state.params),
+    ):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
@@ -76,15 +100,19 @@ def test_one_step_equals_single_device(reference, mesh_shape, layout):
     np.testing.assert_allclose(metrics["loss"], ref_metrics["loss"], rtol=1e-5)
     _assert_same(state, ref_state)
     params = state.params
-    wi = params["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]          # (embed, mlp)
+    wi = params["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]  # (embed, mlp)
     query = params["decoder"]["layers_0"]["self_attention"]["query"]["kernel"]  # embed,heads,kv
-    logits = params["decoder"]["logits_dense"]["kernel"]                 # (embed, vocab)
+    logits = params["decoder"]["logits_dense"]["kernel"]  # (embed, vocab)
     model_split = layout != "data_parallel"  # 'model' appears in the spec (even if size 1)
     fsdp_split = layout == "fsdp"
-    assert tuple(wi.sharding.spec) == (("data" if fsdp_split else None),
-                                       ("model" if model_split else None))
-    assert tuple(query.sharding.spec)[:2] == (("data" if fsdp_split else None),
-                                              ("model" if model_split else None))
+    assert tuple(wi.sharding.spec) == (
+        ("data" if fsdp_split else None),
+        ("model" if model_split else None),
+    )
+    assert tuple(query.sharding.spec)[:2] == (
+        ("data" if fsdp_split else None),
+        ("model" if model_split else None),
+    )
     assert tuple(logits.sharding.spec)[1] == ("model" if model_split else None)
     # Each device really holds only its shard.
     ways = (mesh_shape[1] if model_split else 1) * (mesh_shape[0] if fsdp_split else 1)
@@ -95,15 +123,18 @@ def test_one_step_equals_single_device(reference, mesh_shape, layout):
     v_row = moments.v_row["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
     v_col = moments.v_col["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
     assert {tuple(v_row.sharding.spec), tuple(v_col.sharding.spec)} == {
-        (("data" if fsdp_split else None),), (("model" if model_split else None),)}
+        (("data" if fsdp_split else None),),
+        (("model" if model_split else None),),
+    }
 
 
 def test_three_axis_hybrid_fsdp_equals_single_device(reference):
     """('data', 'fsdp', 'model') = 2x2x2: parameters split within an fsdp group and on model,
     replicated across data; the batch split over data x fsdp."""
     ref_state, ref_metrics = reference
-    state, metrics, layout = _one_step((2, 2, 2), "hybrid_fsdp",
-                                       axis_names=("data", "fsdp", "model"))
+    state, metrics, layout = _one_step(
+        (2, 2, 2), "hybrid_fsdp", axis_names=("data", "fsdp", "model")
+    )
     np.testing.assert_allclose(metrics["loss"], ref_metrics["loss"], rtol=1e-5)
     _assert_same(state, ref_state)
     wi = state.params["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
@@ -115,22 +146,27 @@ def test_three_axis_hybrid_fsdp_equals_single_device(reference):
 @pytest.mark.slow  # (default suite under 15 min: the three-axis step and accumulation stay there)
 def test_gradient_accumulation_on_three_axis_mesh(reference):
     ref_state, ref_metrics = reference
-    state, metrics, _ = _one_step((2, 2, 2), "hybrid_fsdp", num_microbatches=2,
-                                  axis_names=("data", "fsdp", "model"))
+    state, metrics, _ = _one_step(
+        (2, 2, 2), "hybrid_fsdp", num_microbatches=2, axis_names=("data", "fsdp", "model")
+    )
     np.testing.assert_allclose(metrics["loss"], ref_metrics["loss"], rtol=1e-5)
     _assert_same(state, ref_state)
 
 
-@pytest.mark.parametrize("mesh_shape,layout,num_microbatches", [
-    ((1, 1), "data_parallel", 4),
-    pytest.param((4, 2), "model_parallel", 2, marks=pytest.mark.slow),
-    pytest.param((2, 4), "fsdp", 4, marks=pytest.mark.slow)])
-def test_gradient_accumulation_equals_full_batch(reference, mesh_shape, layout,
-                                                 num_microbatches):
+@pytest.mark.parametrize(
+    "mesh_shape,layout,num_microbatches",
+    [
+        ((1, 1), "data_parallel", 4),
+        pytest.param((4, 2), "model_parallel", 2, marks=pytest.mark.slow),
+        pytest.param((2, 4), "fsdp", 4, marks=pytest.mark.slow),
+    ],
+)
+def test_gradient_accumulation_equals_full_batch(reference, mesh_shape, layout, num_microbatches):
     ref_state, ref_metrics = reference
     devices = jax.devices()[:1] if mesh_shape == (1, 1) else None
-    state, metrics, _ = _one_step(mesh_shape, layout, num_microbatches=num_microbatches,
-                                  devices=devices)
+    state, metrics, _ = _one_step(
+        mesh_shape, layout, num_microbatches=num_microbatches, devices=devices
+    )
     np.testing.assert_allclose(metrics["loss"], ref_metrics["loss"], rtol=1e-5)
     _assert_same(state, ref_state)
 
@@ -153,18 +189,25 @@ def test_checkpoint_restores_across_meshes(tmp_path, reference):
     saver = trainer.Checkpointer(str(source), keep=2)
     saver.save(state, CONFIG)
     saver.close()
-    hops = [((4, 2), "fsdp", None), ((1, 1), "data_parallel", jax.devices()[:1]),
-            ((2, 4), "model_parallel", None)]
+    hops = [
+        ((4, 2), "fsdp", None),
+        ((1, 1), "data_parallel", jax.devices()[:1]),
+        ((2, 4), "model_parallel", None),
+    ]
     for i, (mesh_shape, layout_name, devices) in enumerate(hops, start=1):
         mesh = partitioning.make_mesh(mesh_shape=mesh_shape, devices=devices)
-        target = trainer.make_layout(model, optimizer, mesh,
-                                     partitioning.logical_axis_rules(layout_name))
+        target = trainer.make_layout(
+            model, optimizer, mesh, partitioning.logical_axis_rules(layout_name)
+        )
         restored = trainer.Checkpointer(str(source), keep=2).restore(
-            trainer.abstract_state(model, optimizer, target))
+            trainer.abstract_state(model, optimizer, target)
+        )
         assert int(restored.step) == 1
-        for got, want, sharding in zip(jax.tree_util.tree_leaves(restored),
-                                       jax.tree_util.tree_leaves(expected),
-                                       jax.tree_util.tree_leaves(target.state_shardings)):
+        for got, want, sharding in zip(
+            jax.tree_util.tree_leaves(restored),
+            jax.tree_util.tree_leaves(expected),
+            jax.tree_util.tree_leaves(target.state_shardings),
+        ):
             np.testing.assert_array_equal(jax.device_get(got), want)
             if got.ndim:
                 assert got.sharding.is_equivalent_to(sharding, got.ndim)
@@ -183,10 +226,14 @@ def test_mesh_that_does_not_divide_devices():
 
 def test_rule_naming_a_missing_mesh_axis():
     model = EncoderDecoderModel(CONFIG)
-    with pytest.raises(ConfigError, match=r"names mesh axis 'fsdp', but the mesh has axes "
-                                          r"\('data', 'model'\)"):
-        partitioning.param_shardings(model.abstract_params(), partitioning.make_mesh(),
-                                     partitioning.LAYOUTS["hybrid_fsdp"])
+    with pytest.raises(
+        ConfigError,
+        match=r"names mesh axis 'fsdp', but the mesh has axes "
+        r"\('data', 'model'\)",
+    ):
+        partitioning.param_shardings(
+            model.abstract_params(), partitioning.make_mesh(), partitioning.LAYOUTS["hybrid_fsdp"]
+        )
     with pytest.raises(ConfigError, match="needs an explicit make_mesh.mesh_shape"):
         partitioning.make_mesh(axis_names=("data", "fsdp", "model"))
     with pytest.raises(ConfigError, match="mesh_shape=\\(2, 4\\) does not match"):
@@ -207,8 +254,12 @@ def test_model_parallel_submesh_groups_neighbouring_chips():
     """A v3-32-like slice: 4x4x1 chips x 2 cores = 32 devices, listed in a scrambled order.
     Submesh (2, 2, 1, 2) = 8 devices per replica -> 4 replicas, each a 2x2 block of chips."""
     rng = np.random.default_rng(0)
-    devices = [_FakeTpu(i, (x, y, 0), c) for i, (x, y, c) in
-               enumerate((x, y, c) for x in range(4) for y in range(4) for c in range(2))]
+    devices = [
+        _FakeTpu(i, (x, y, 0), c)
+        for i, (x, y, c) in enumerate(
+            (x, y, c) for x in range(4) for y in range(4) for c in range(2)
+        )
+    ]
     devices = [devices[i] for i in rng.permutation(len(devices))]
     grid = partitioning.submesh_device_grid(devices, (2, 2, 1, 2))
     assert grid.shape == (4, 8)
@@ -220,11 +271,15 @@ def test_model_parallel_submesh_groups_neighbouring_chips():
         assert len(xs) == 2 and max(xs) - min(xs) == 1 and min(xs) % 2 == 0
         assert len(ys) == 2 and max(ys) - min(ys) == 1 and min(ys) % 2 == 0
         assert sorted((d.coords, d.core_on_chip) for d in replica) == sorted(
-            ((x, y, 0), c) for x in xs for y in ys for c in range(2))
+            ((x, y, 0), c) for x in xs for y in ys for c in range(2)
+        )
         blocks.add((min(xs), min(ys)))
     assert blocks == {(0, 0), (0, 2), (2, 0), (2, 2)}
-    with pytest.raises(ConfigError, match=r"does not tile the slice's physical mesh "
-                                          r"\(4, 4, 1, 2\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"does not tile the slice's physical mesh "
+        r"\(4, 4, 1, 2\)",
+    ):
         partitioning.submesh_device_grid(devices, (8, 1, 1, 1))
     with pytest.raises(ConfigError, match="must be four positive sizes"):
         partitioning.submesh_device_grid(devices, (2, 2))
@@ -240,17 +295,22 @@ def test_model_parallel_submesh_on_cpu_sets_partitions():
 def test_logical_axis_without_rule():
     model = EncoderDecoderModel(CONFIG)
     rules = tuple(r for r in partitioning.LAYOUTS["model_parallel"] if r[0] != "mlp")
-    with pytest.raises(ConfigError, match=r"Logical axis 'mlp' of parameter .* has no "
-                                          r"partitioning rule"):
+    with pytest.raises(
+        ConfigError,
+        match=r"Logical axis 'mlp' of parameter .* has no "
+        r"partitioning rule",
+    ):
         partitioning.param_shardings(model.abstract_params(), partitioning.make_mesh(), rules)
 
 
 def test_indivisible_parameter_is_named():
     model = EncoderDecoderModel(t5.T5Config(**{**CONFIG.to_json(), "num_heads": 4}))
     with pytest.raises(ConfigError, match=r"cannot be split 8 ways over mesh axis 'model'"):
-        partitioning.param_shardings(model.abstract_params(),
-                                     partitioning.make_mesh(mesh_shape=(1, 8)),
-                                     partitioning.LAYOUTS["model_parallel"])
+        partitioning.param_shardings(
+            model.abstract_params(),
+            partitioning.make_mesh(mesh_shape=(1, 8)),
+            partitioning.LAYOUTS["model_parallel"],
+        )
 
 
 def test_parameter_table_reports_per_device_bytes():

@@ -10,11 +10,20 @@ import pytest
 from t5x_like.models import layers
 
 
-@pytest.mark.parametrize("bias_shape", [(1, 2, 5, 7), (7,), (1, 1, 1, 7)],
-                         ids=["over-batch", "lower-rank", "over-three-axes"])
-@pytest.mark.parametrize("dtype,bias_dtype,tol", [
-    (jnp.float32, jnp.float32, 1e-6), (jnp.bfloat16, jnp.bfloat16, 1e-2),
-    (jnp.bfloat16, jnp.float32, 1e-2)], ids=["float32", "bfloat16", "bfloat16+float32-bias"])
+@pytest.mark.parametrize(
+    "bias_shape",
+    [(1, 2, 5, 7), (7,), (1, 1, 1, 7)],
+    ids=["over-batch", "lower-rank", "over-three-axes"],
+)
+@pytest.mark.parametrize(
+    "dtype,bias_dtype,tol",
+    [
+        (jnp.float32, jnp.float32, 1e-6),
+        (jnp.bfloat16, jnp.bfloat16, 1e-2),
+        (jnp.bfloat16, jnp.float32, 1e-2),
+    ],
+    ids=["float32", "bfloat16", "bfloat16+float32-bias"],
+)
 def test_same_values_and_gradients_as_the_plain_sum(bias_shape, dtype, bias_dtype, tol):
     """T5's relative bias (over the batch) and BERT's masked-LM output bias (a vector over
     batch and positions; float32 on bfloat16 logits under the mixed policy)."""
@@ -31,8 +40,9 @@ def test_same_values_and_gradients_as_the_plain_sum(bias_shape, dtype, bias_dtyp
     plain = jax.jit(jax.grad(loss(jnp.add), argnums=(0, 1)))(logits, bias)
     for got, want in zip(ours, plain):
         assert got.shape == want.shape and got.dtype == want.dtype
-        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
-                                   rtol=tol, atol=tol)
+        np.testing.assert_allclose(
+            np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=tol, atol=tol
+        )
 
 
 @pytest.mark.parametrize("bidirectional", [True, False])
@@ -41,16 +51,21 @@ def test_bucket_gather_has_the_values_and_gradient_of_take(bidirectional):
     some never): values equal `jnp.take`'s exactly, the gradient (a one-hot product instead of
     a scatter-add) equal up to float32 summation order."""
     positions = np.arange(40)
-    buckets = jnp.asarray(layers.relative_position_bucket(
-        positions[None, :] - positions[:, None], bidirectional, 32, 16), jnp.int32)
+    buckets = jnp.asarray(
+        layers.relative_position_bucket(
+            positions[None, :] - positions[:, None], bidirectional, 32, 16
+        ),
+        jnp.int32,
+    )
     table = jax.random.normal(jax.random.key(0), (3, 32))
     weights = jax.random.normal(jax.random.key(1), (3, 40, 40))
 
     def loss(gather):
         return lambda t: jnp.sum(jnp.tanh(gather(t)) * weights)
 
-    np.testing.assert_array_equal(layers.gather_buckets(table, buckets),
-                                  jnp.take(table, buckets, axis=1))
+    np.testing.assert_array_equal(
+        layers.gather_buckets(table, buckets), jnp.take(table, buckets, axis=1)
+    )
     ours = jax.jit(jax.grad(loss(lambda t: layers.gather_buckets(t, buckets))))(table)
     plain = jax.jit(jax.grad(loss(lambda t: jnp.take(t, buckets, axis=1))))(table)
     assert np.count_nonzero(np.asarray(plain) == 0) > 0  # buckets no offset reaches

@@ -13,8 +13,14 @@ import tensorflow as tf
 from t5x_like import preprocessors
 from tests.oracle import run_oracle
 
-HELPER_CASES = [(512, 0.15, 3.0), (128, 0.15, 3.0), (1024, 0.15, 3.0), (512, 0.5, 10.0),
-                (64, 0.25, 5.0), (114, 0.15, 2.0)]
+HELPER_CASES = [
+    (512, 0.15, 3.0),
+    (128, 0.15, 3.0),
+    (1024, 0.15, 3.0),
+    (512, 0.5, 10.0),
+    (64, 0.25, 5.0),
+    (114, 0.15, 2.0),
+]
 COUNT_SEEDS = [(0, 1), (7, 3), (123, 456)]
 OTHER_SETTINGS = [(2.0, 0.15), (5.0, 0.25), (10.0, 0.5)]
 PAPER_WORDS = "Thank you for inviting me to your party last week .".split()
@@ -29,21 +35,42 @@ def _count_seeds(seed):
 def reference():
     """The T5 library's helper lengths, noise masks and sentinel outputs for this module's
     cases, from one oracle run."""
-    masks = [{"length": 568, "noise_density": 0.15, "mean_noise_span_length": 3.0,
-              "seeds": _count_seeds(seed)} for seed in COUNT_SEEDS]
-    masks += [{"length": 200, "noise_density": density, "mean_noise_span_length": span,
-               "seeds": [[1, 2], [3, 4]]} for span, density in OTHER_SETTINGS]
-    paper = {"tokens": [PAPER_WORDS.index(w) + 10 for w in PAPER_WORDS],
-             "noise": [w in PAPER_NOISE for w in PAPER_WORDS], "vocab_size": 100}
-    return run_oracle("t5_span_pieces", {"helper": HELPER_CASES, "masks": masks,
-                                         "sentinels": [paper]})
+    masks = [
+        {
+            "length": 568,
+            "noise_density": 0.15,
+            "mean_noise_span_length": 3.0,
+            "seeds": _count_seeds(seed),
+        }
+        for seed in COUNT_SEEDS
+    ]
+    masks += [
+        {
+            "length": 200,
+            "noise_density": density,
+            "mean_noise_span_length": span,
+            "seeds": [[1, 2], [3, 4]],
+        }
+        for span, density in OTHER_SETTINGS
+    ]
+    paper = {
+        "tokens": [PAPER_WORDS.index(w) + 10 for w in PAPER_WORDS],
+        "noise": [w in PAPER_NOISE for w in PAPER_WORDS],
+        "vocab_size": 100,
+    }
+    return run_oracle(
+        "t5_span_pieces", {"helper": HELPER_CASES, "masks": masks, "sentinels": [paper]}
+    )
 
 
-@pytest.mark.parametrize("inputs_length,expected", [
-    (512, (568, 114)),  # the paper's setting: 568 raw tokens -> 512 inputs / 114 targets
-    (128, (141, 29)),   # 141: 21 noise, 120 kept, 7 spans -> 120+7+1 = 128; 21+7+1 = 29
-    (1024, (1137, 229)),  # 171 noise, 966 kept, 57 spans -> 1024 and 171+57+1
-])
+@pytest.mark.parametrize(
+    "inputs_length,expected",
+    [
+        (512, (568, 114)),  # the paper's setting: 568 raw tokens -> 512 inputs / 114 targets
+        (128, (141, 29)),  # 141: 21 noise, 120 kept, 7 spans -> 120+7+1 = 128; 21+7+1 = 29
+        (1024, (1137, 229)),  # 171 noise, 966 kept, 57 spans -> 1024 and 171+57+1
+    ],
+)
 def test_length_arithmetic(inputs_length, expected):
     assert preprocessors.random_spans_helper(inputs_length) == expected
 
@@ -63,21 +90,24 @@ def test_noise_mask_counts(index, seed, reference):
     mask = preprocessors.random_spans_noise_mask(tf.constant(568), 0.15, seeds, 3.0).numpy()
     assert mask.tolist() == reference["masks"][index]  # the library's mask, same seeds
     assert mask.shape == (568,)
-    assert mask.sum() == 85            # round(568 * 0.15)
-    assert _runs(mask) == 28           # round(85 / 3)
-    assert not mask[0] and mask[-1]    # spans alternate, starting with kept tokens
+    assert mask.sum() == 85  # round(568 * 0.15)
+    assert _runs(mask) == 28  # round(85 / 3)
+    assert not mask[0] and mask[-1]  # spans alternate, starting with kept tokens
     # Different seeds give different masks.
     other = preprocessors.random_spans_noise_mask(
-        tf.constant(568), 0.15, tf.constant([[9, 9], [8, 8]], tf.int32), 3.0).numpy()
+        tf.constant(568), 0.15, tf.constant([[9, 9], [8, 8]], tf.int32), 3.0
+    ).numpy()
     assert not np.array_equal(mask, other)
 
 
-@pytest.mark.parametrize("index,mean_span,density",
-                         [(i, *setting) for i, setting in enumerate(OTHER_SETTINGS)])
+@pytest.mark.parametrize(
+    "index,mean_span,density", [(i, *setting) for i, setting in enumerate(OTHER_SETTINGS)]
+)
 def test_noise_mask_other_settings(index, mean_span, density, reference):
     seeds = tf.constant([[1, 2], [3, 4]], tf.int32)
-    mask = preprocessors.random_spans_noise_mask(tf.constant(200), density, seeds,
-                                                 mean_span).numpy()
+    mask = preprocessors.random_spans_noise_mask(
+        tf.constant(200), density, seeds, mean_span
+    ).numpy()
     assert mask.tolist() == reference["masks"][len(COUNT_SEEDS) + index]
     assert mask.sum() == round(200 * density)
     assert _runs(mask) == max(1, round(round(200 * density) / mean_span))
@@ -94,8 +124,18 @@ def test_papers_example(reference):
     inputs = preprocessors.noise_span_to_unique_sentinel(tokens, noise, vocab).numpy()
     targets = preprocessors.nonnoise_span_to_unique_sentinel(tokens, noise, vocab).numpy()
     x, y, z = 99, 98, 97  # sentinels count down from the top of the vocabulary
-    assert inputs.tolist() == [ids["Thank"], ids["you"], x, ids["me"], ids["to"], ids["your"],
-                               ids["party"], y, ids["week"], ids["."]]
+    assert inputs.tolist() == [
+        ids["Thank"],
+        ids["you"],
+        x,
+        ids["me"],
+        ids["to"],
+        ids["your"],
+        ids["party"],
+        y,
+        ids["week"],
+        ids["."],
+    ]
     assert targets.tolist() == [x, ids["for"], ids["inviting"], y, ids["last"], z]
     [theirs] = reference["sentinels"]
     assert (inputs.tolist(), targets.tolist()) == (theirs["inputs"], theirs["targets"])
@@ -123,11 +163,15 @@ def test_denoise_round_trip_and_sentinel_order():
     ds = tf.data.Dataset.from_tensors({"targets": tf.constant(tokens)})
     with seqio.utils.map_seed_manager(42):
         ds = preprocessors.denoise(
-            ds, features, 0.15,
-            noise_mask_fn=functools.partial(preprocessors.random_spans_noise_mask,
-                                            mean_noise_span_length=3.0),
+            ds,
+            features,
+            0.15,
+            noise_mask_fn=functools.partial(
+                preprocessors.random_spans_noise_mask, mean_noise_span_length=3.0
+            ),
             inputs_fn=preprocessors.noise_span_to_unique_sentinel,
-            targets_fn=preprocessors.nonnoise_span_to_unique_sentinel)
+            targets_fn=preprocessors.nonnoise_span_to_unique_sentinel,
+        )
     ex = next(ds.as_numpy_iterator())
     assert len(ex["inputs"]) == 511 and len(ex["targets"]) == 113  # EOS is added later
     sentinels_in = [t for t in ex["inputs"] if t >= 900]
@@ -141,12 +185,16 @@ def test_span_corruption_pipeline_lengths():
     vocab = seqio.PassThroughVocabulary(size=1000)
     features = {"targets": seqio.Feature(vocab), "inputs": seqio.Feature(vocab)}
     docs = [np.arange(3, 3 + n, dtype=np.int32) % 800 + 3 for n in (2000, 300, 900)]
-    ds = tf.data.Dataset.from_generator(lambda: ({"targets": d} for d in docs),
-                                        output_signature={"targets": tf.TensorSpec([None],
-                                                                                   tf.int32)})
+    ds = tf.data.Dataset.from_generator(
+        lambda: ({"targets": d} for d in docs),
+        output_signature={"targets": tf.TensorSpec([None], tf.int32)},
+    )
     with seqio.utils.map_seed_manager(0):
-        out = list(preprocessors.span_corruption(
-            ds, {"inputs": 512, "targets": 114}, features).as_numpy_iterator())
+        out = list(
+            preprocessors.span_corruption(
+                ds, {"inputs": 512, "targets": 114}, features
+            ).as_numpy_iterator()
+        )
     total = sum(len(d) for d in docs)
     assert len(out) == -(-total // 568)
     for ex in out[:-1]:  # every full chunk of 568 tokens: 511 + EOS = 512, 113 + EOS = 114

@@ -19,8 +19,12 @@ QUESTION = "w1"
 # holds max_seq_length - 1 - 3 context pieces
 WINDOW_CASES = [(300, 132, 64), (50, 132, 64), (40, 16, 5), (33, 20, 12)]
 # decoding: (context words, max_seq_length, doc_stride, n_best, max_answer_length, seed)
-DECODE_CASES = [(60, 32, 9, 5, 30, 0), (60, 32, 9, 20, 30, 1), (45, 24, 7, 5, 4, 2),
-                (80, 40, 16, 10, 8, 3)]
+DECODE_CASES = [
+    (60, 32, 9, 5, 30, 0),
+    (60, 32, 9, 20, 30, 1),
+    (45, 24, 7, 5, 4, 2),
+    (80, 40, 16, 10, 8, 3),
+]
 # v1.1 (None), and v2.0 taus on both sides of these cases' null - best span (-4.7 to -6.8)
 THRESHOLDS = (None, 0.0, -5.0, -6.5)
 
@@ -30,13 +34,23 @@ def _context(n):
 
 
 def _example(n):
-    return {"id": "q", "context": _context(n), "question": QUESTION, "answers": [],
-            "is_impossible": False}
+    return {
+        "id": "q",
+        "context": _context(n),
+        "question": QUESTION,
+        "answers": [],
+        "is_impossible": False,
+    }
 
 
 def _squad_case(n, length, stride, predict=None):
-    case = {"examples": [_example(n)], "is_training": False, "max_seq_length": length,
-            "doc_stride": stride, "max_query_length": 64}
+    case = {
+        "examples": [_example(n)],
+        "is_training": False,
+        "max_seq_length": length,
+        "doc_stride": stride,
+        "max_query_length": 64,
+    }
     return {**case, "predict": predict} if predict else case
 
 
@@ -55,13 +69,13 @@ def _punctuated(seed):
     predicted span can end inside a word."""
     rng = np.random.default_rng(seed)
     forms = ("{}", "{}.", "{},", "({})", "{}s", "({}s).")
-    return " ".join(forms[rng.integers(len(forms))].format(WORDS[rng.integers(50)])
-                    for _ in range(30))
+    return " ".join(
+        forms[rng.integers(len(forms))].format(WORDS[rng.integers(50)]) for _ in range(30)
+    )
 
 
 def _features(vocab, n, length, stride):
-    return bert_preprocessors.squad_features(vocab, _context(n), QUESTION, None, length,
-                                             stride)
+    return bert_preprocessors.squad_features(vocab, _context(n), QUESTION, None, length, stride)
 
 
 def _random_logits(features, length, seed):
@@ -77,23 +91,42 @@ def reference(vocab, tmp_path_factory):
         _, features = _features(vocab, n, length, stride)
         logits = [[s.tolist(), e.tolist()] for s, e in _random_logits(features, length, seed)]
         for threshold in THRESHOLDS:
-            squad.append(_squad_case(n, length, stride, {
-                "logits": logits, "n_best": n_best, "max_answer_length": max_len,
-                "null_threshold": threshold}))
+            squad.append(
+                _squad_case(
+                    n,
+                    length,
+                    stride,
+                    {
+                        "logits": logits,
+                        "n_best": n_best,
+                        "max_answer_length": max_len,
+                        "null_threshold": threshold,
+                    },
+                )
+            )
     windows = squad_spans.doc_stride_windows(300, 128, 64)
     for seed in PUNCTUATED_SEEDS:
-        features = bert_preprocessors.squad_features(vocab, _punctuated(seed), QUESTION, None,
-                                                     24, 8)[1]
+        features = bert_preprocessors.squad_features(
+            vocab, _punctuated(seed), QUESTION, None, 24, 8
+        )[1]
         logits = [[s.tolist(), e.tolist()] for s, e in _random_logits(features, 24, seed)]
-        squad.append({"examples": [{**_example(0), "context": _punctuated(seed)}],
-                      "is_training": False, "max_seq_length": 24, "doc_stride": 8,
-                      "max_query_length": 64,
-                      "predict": {"logits": logits, "n_best": 20, "max_answer_length": 6}})
+        squad.append(
+            {
+                "examples": [{**_example(0), "context": _punctuated(seed)}],
+                "is_training": False,
+                "max_seq_length": 24,
+                "doc_stride": 8,
+                "max_query_length": 64,
+                "predict": {"logits": logits, "n_best": 20, "max_answer_length": 6},
+            }
+        )
     squad.append({**_squad_case(0, 24, 8), "examples": [{**_example(0), "context": "   "}]})
-    payload = {"dir": str(tmp_path_factory.mktemp("bert_reference")),
-               "vocab": SPECIAL + WORDS + PUNCTUATION,
-               "squad": squad, "max_context": [
-                   {"spans": [[w.start, w.length] for w in windows], "num_tokens": 300}]}
+    payload = {
+        "dir": str(tmp_path_factory.mktemp("bert_reference")),
+        "vocab": SPECIAL + WORDS + PUNCTUATION,
+        "squad": squad,
+        "max_context": [{"spans": [[w.start, w.length] for w in windows], "num_tokens": 300}],
+    }
     return run_oracle("bert_finetune", payload)
 
 
@@ -161,8 +194,7 @@ def test_null_score_is_the_smallest_over_windows_and_best_span_the_largest():
 
 def test_doc_stride_windows_and_max_context():
     windows = squad_spans.doc_stride_windows(300, 128, 64)
-    assert [(w.start, w.length) for w in windows] == [(0, 128), (64, 128), (128, 128),
-                                                     (192, 108)]
+    assert [(w.start, w.length) for w in windows] == [(0, 128), (64, 128), (128, 128), (192, 108)]
     # Token 100: window 0 gives it context min(100, 27) = 27, window 1 min(36, 91) = 36.
     assert squad_spans.is_max_context(windows, 1, 100)
     assert not squad_spans.is_max_context(windows, 0, 100)
@@ -176,19 +208,22 @@ def test_windows_and_max_context_equal_the_reference(reference):
         assert [list(range(w.start, w.start + w.length)) for w in ours] == theirs, n
     windows = squad_spans.doc_stride_windows(300, 128, 64)
     [flags] = reference["max_context"]
-    assert [[squad_spans.is_max_context(windows, i, p) for p in range(300)]
-            for i in range(len(windows))] == flags
+    assert [
+        [squad_spans.is_max_context(windows, i, p) for p in range(300)] for i in range(len(windows))
+    ] == flags
 
 
 def test_decoding_random_logits_equals_write_predictions(vocab, reference):
     """Our n-best starts and ends, validity checks, length limit and v2.0 null decision pick
     the answer the reference picks, from the same logits (the n-best cut at 5 or 10 makes
     the question and padding positions compete, as they do in the reference)."""
-    results = iter(reference["squad"][len(WINDOW_CASES):])
+    results = iter(reference["squad"][len(WINDOW_CASES) :])
     for n, length, stride, n_best, max_len, seed in DECODE_CASES:
         words, features = _features(vocab, n, length, stride)
-        scored = [(s, e, f.valid, f.in_context)
-                  for (s, e), f in zip(_random_logits(features, length, seed), features)]
+        scored = [
+            (s, e, f.valid, f.in_context)
+            for (s, e), f in zip(_random_logits(features, length, seed), features)
+        ]
         span, null_score = squad_spans.best_and_null(scored, n_best, max_len)
         text = squad_spans.span_text(words, features[span.window], span)
         for threshold in THRESHOLDS:
@@ -205,13 +240,16 @@ def test_answer_text_equals_write_predictions_inside_words(vocab, reference):
     the part of the words the pieces spell, as the reference's get_final_text cuts it."""
     from t5x_like import squad_eval
 
-    results = reference["squad"][len(WINDOW_CASES) + len(DECODE_CASES) * len(THRESHOLDS):]
+    results = reference["squad"][len(WINDOW_CASES) + len(DECODE_CASES) * len(THRESHOLDS) :]
     cut = 0
     for seed, ref in zip(PUNCTUATED_SEEDS, results):
-        words, features = bert_preprocessors.squad_features(vocab, _punctuated(seed), QUESTION,
-                                                            None, 24, 8)
-        scored = [(s, e, f.valid, f.in_context)
-                  for (s, e), f in zip(_random_logits(features, 24, seed), features)]
+        words, features = bert_preprocessors.squad_features(
+            vocab, _punctuated(seed), QUESTION, None, 24, 8
+        )
+        scored = [
+            (s, e, f.valid, f.in_context)
+            for (s, e), f in zip(_random_logits(features, 24, seed), features)
+        ]
         span, _ = squad_spans.best_and_null(scored, 20, 6)
         answer = squad_eval.answer_text(vocab, words, features[span.window], span)
         assert answer == ref["predictions"]["q"], seed

@@ -30,8 +30,9 @@ def test_the_same_computation_from_other_source_lines_is_the_same_program():
     raw_a, raw_b = _hlo(_scaled_sum), _hlo(_scaled_sum_elsewhere)
     assert raw_a != raw_b  # names and source lines differ in XLA's text
     assert "source_line" in raw_a or "op_name" in raw_a
-    result = step_program.compare_programs(step_program.canonical_hlo(raw_a),
-                                           step_program.canonical_hlo(raw_b))
+    result = step_program.compare_programs(
+        step_program.canonical_hlo(raw_a), step_program.canonical_hlo(raw_b)
+    )
     assert result["same_program"] and result["diff_head"] == []
     assert result["base_sha256"] == result["head_sha256"]
 
@@ -39,10 +40,14 @@ def test_the_same_computation_from_other_source_lines_is_the_same_program():
 def test_a_different_op_is_a_different_program():
     result = step_program.compare_programs(
         step_program.canonical_hlo(_hlo(_scaled_sum)),
-        step_program.canonical_hlo(_hlo(_scaled_sum_of_squares)))
+        step_program.canonical_hlo(_hlo(_scaled_sum_of_squares)),
+    )
     assert not result["same_program"]
-    changed = [line for line in result["diff_head"] if line[:1] in "+-"
-               and not line.startswith(("+++", "---"))]
+    changed = [
+        line
+        for line in result["diff_head"]
+        if line[:1] in "+-" and not line.startswith(("+++", "---"))
+    ]
     assert any("tanh" in line for line in changed)
     assert any("multiply" in line for line in changed)  # square is x * x after optimization
 

@@ -13,8 +13,7 @@ import pytest
 import tensorflow as tf
 from clu import metric_writers
 
-from t5x_like import errors
-from t5x_like import evaluation, infer, report, storage, train
+from t5x_like import errors, evaluation, infer, report, storage, train
 
 
 @pytest.fixture
@@ -65,8 +64,10 @@ def test_unwritable_model_dir_is_a_config_error(tmp_path):
 
 def test_predictions_and_infer_inputs_on_a_remote_path(remote_dir):
     out = os.path.join(remote_dir, "eval", "glue_cola_validation.jsonl")
-    records = [{"inputs": "cola sentence: a", "prediction": "acceptable"},
-               {"inputs": "é", "prediction": "unacceptable"}]
+    records = [
+        {"inputs": "cola sentence: a", "prediction": "acceptable"},
+        {"inputs": "é", "prediction": "unacceptable"},
+    ]
     evaluation.write_jsonl(out, records)
     assert [json.loads(line) for line in storage.read_text(out).splitlines()] == records
 
@@ -90,8 +91,10 @@ def test_report_reads_and_writes_a_remote_run(remote_dir, capsys):
     through the remote filesystem."""
     writer = metric_writers.SummaryWriter(os.path.join(remote_dir, "tensorboard"))
     for step, loss in ((10, 5.0), (20, 4.0), (30, 3.5)):
-        writer.write_scalars(step, {"train/loss": loss, "train/learning_rate": 0.01,
-                                    "train/tokens_per_s": 1000.0 + step})
+        writer.write_scalars(
+            step,
+            {"train/loss": loss, "train/learning_rate": 0.01, "train/tokens_per_s": 1000.0 + step},
+        )
     writer.flush()
     writer.close()
     assert report.main([remote_dir]) == 0
@@ -109,9 +112,14 @@ def test_profiler_trace_reaches_a_remote_model_dir(remote_dir):
     jax.block_until_ready(jax.jit(lambda x: x @ x)(jnp.ones((64, 64))))
     train._stop_trace(trace_dir, remote_dir)
     assert not os.path.exists(trace_dir)
-    traces = [name for _, _, files in
-              tf.io.gfile.walk(os.path.join(remote_dir, "tensorboard", "plugins", "profile"))
-              for name in files if name.endswith(".xplane.pb")]
+    traces = [
+        name
+        for _, _, files in tf.io.gfile.walk(
+            os.path.join(remote_dir, "tensorboard", "plugins", "profile")
+        )
+        for name in files
+        if name.endswith(".xplane.pb")
+    ]
     assert traces
 
 

@@ -9,8 +9,15 @@ import pytest
 from t5x_like.models import t5
 from t5x_like.models.encoder_decoder import EncoderDecoderModel, shift_right, unbox
 
-TINY = dict(vocab_size=64, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=48,
-            num_encoder_layers=2, num_decoder_layers=3)
+TINY = dict(
+    vocab_size=64,
+    emb_dim=32,
+    num_heads=4,
+    head_dim=8,
+    mlp_dim=48,
+    num_encoder_layers=2,
+    num_decoder_layers=3,
+)
 
 
 def _model(**overrides) -> EncoderDecoderModel:
@@ -21,8 +28,11 @@ def _batch(rng: np.random.Generator, batch=2, inputs=10, targets=7, vocab=64):
     enc = rng.integers(2, vocab, (batch, inputs)).astype(np.int32)
     enc[0, -3:] = 0
     tgt = rng.integers(2, vocab, (batch, targets)).astype(np.int32)
-    return {"encoder_input_tokens": jnp.asarray(enc), "decoder_target_tokens": jnp.asarray(tgt),
-            "decoder_input_tokens": shift_right(tgt)}
+    return {
+        "encoder_input_tokens": jnp.asarray(enc),
+        "decoder_target_tokens": jnp.asarray(tgt),
+        "decoder_input_tokens": shift_right(tgt),
+    }
 
 
 def test_mask_shapes_and_values():
@@ -45,13 +55,24 @@ def test_packed_mask_keeps_examples_apart():
     seg_dec = jnp.array([[1, 1, 2, 0]])
     enc = jnp.array([[5, 6, 7, 8, 0]])
     dec = jnp.array([[0, 3, 0, 4]])
-    np.testing.assert_array_equal(t5.encoder_self_mask(enc, seg_enc)[0, 0], [
-        [1, 1, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 1, 0], [0, 0, 1, 1, 0], [0] * 5])
-    np.testing.assert_array_equal(t5.decoder_self_mask(dec, seg_dec)[0, 0], [
-        # The padded last position (segment 0) sees only itself; it carries no loss weight.
-        [1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]])
-    np.testing.assert_array_equal(t5.cross_attention_mask(dec, enc, seg_dec, seg_enc)[0, 0], [
-        [1, 1, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(
+        t5.encoder_self_mask(enc, seg_enc)[0, 0],
+        [[1, 1, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 1, 0], [0, 0, 1, 1, 0], [0] * 5],
+    )
+    np.testing.assert_array_equal(
+        t5.decoder_self_mask(dec, seg_dec)[0, 0],
+        [
+            # The padded last position (segment 0) sees only itself; it carries no loss weight.
+            [1, 0, 0, 0],
+            [1, 1, 0, 0],
+            [0, 0, 1, 0],
+            [0, 0, 0, 1],
+        ],
+    )
+    np.testing.assert_array_equal(
+        t5.cross_attention_mask(dec, enc, seg_dec, seg_enc)[0, 0],
+        [[1, 1, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 0, 0]],
+    )
 
 
 def test_packed_row_equals_separate_rows():
@@ -70,13 +91,19 @@ def test_packed_row_equals_separate_rows():
     }
     packed_logits = model.logits(params, packed)
     for enc, tgt, sl in ((a_in, a_tgt, slice(0, 2)), (b_in, b_tgt, slice(2, 5))):
-        alone = model.logits(params, {"encoder_input_tokens": jnp.array([enc]),
-                                      "decoder_input_tokens": shift_right(jnp.array([tgt]))})
+        alone = model.logits(
+            params,
+            {
+                "encoder_input_tokens": jnp.array([enc]),
+                "decoder_input_tokens": shift_right(jnp.array([tgt])),
+            },
+        )
         np.testing.assert_allclose(packed_logits[0, sl], alone[0], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("overrides", [{}, {"mlp_activations": ("gelu", "linear"),
-                                            "logits_via_embedding": False}])
+@pytest.mark.parametrize(
+    "overrides", [{}, {"mlp_activations": ("gelu", "linear"), "logits_via_embedding": False}]
+)
 def test_kv_cache_decoding_equals_full_forward(overrides):
     """Teacher-forced step-by-step decoding on the cache gives the full pass's logits."""
     model = _model(**overrides)
@@ -89,7 +116,7 @@ def test_kv_cache_decoding_equals_full_forward(overrides):
     cache = model.init_cache(params, inputs, length)
     step = jax.jit(model.decode_step_fn(params, encoded, inputs, length))
     for i in range(length):
-        logits, cache = step(batch["decoder_input_tokens"][:, i:i + 1], cache)
+        logits, cache = step(batch["decoder_input_tokens"][:, i : i + 1], cache)
         np.testing.assert_allclose(logits[:, 0], full[:, i], atol=1e-5, rtol=1e-5)
 
 
@@ -98,7 +125,8 @@ def test_greedy_predictions_are_argmax_of_full_forward():
     params = model.init(jax.random.key(2))
     batch = _batch(np.random.default_rng(1))
     tokens, scores = jax.jit(lambda p, b: model.predict_batch(p, b, 6, return_scores=True))(
-        params, batch)
+        params, batch
+    )
     # Re-run the full forward on the decoded prefix: each token must be the argmax given the
     # tokens before it, and the scores the sum of their log-probabilities.
     full = model.logits(params, {**batch, "decoder_input_tokens": shift_right(tokens)})
@@ -139,7 +167,8 @@ def test_no_biases_and_rms_norm_scale_only():
 
 def test_every_parameter_has_logical_axes():
     params = _model(mlp_activations=("gelu", "linear"), logits_via_embedding=False).init(
-        jax.random.key(0))
+        jax.random.key(0)
+    )
     boxes = jax.tree_util.tree_leaves(params, is_leaf=lambda x: isinstance(x, nn.Partitioned))
     assert boxes and all(isinstance(b, nn.LogicallyPartitioned) for b in boxes)
     for b in boxes:
@@ -148,15 +177,25 @@ def test_every_parameter_has_logical_axes():
 
 
 def test_untied_output_layer_std_is_inverse_sqrt_d_model():
-    model = EncoderDecoderModel(t5.T5Config(vocab_size=4096, emb_dim=256, num_heads=2,
-                                            head_dim=8, mlp_dim=16, num_encoder_layers=1,
-                                            num_decoder_layers=1, logits_via_embedding=False))
+    model = EncoderDecoderModel(
+        t5.T5Config(
+            vocab_size=4096,
+            emb_dim=256,
+            num_heads=2,
+            head_dim=8,
+            mlp_dim=16,
+            num_encoder_layers=1,
+            num_decoder_layers=1,
+            logits_via_embedding=False,
+        )
+    )
     params = unbox(model.init(jax.random.key(0)))
     kernel = np.asarray(params["decoder"]["logits_dense"]["kernel"])
     assert kernel.shape == (256, 4096)
-    np.testing.assert_allclose(kernel.std(), 256 ** -0.5, rtol=0.02)  # not the std-1 bug
-    np.testing.assert_allclose(np.asarray(params["token_embedder"]["embedding"]).std(), 1.0,
-                               rtol=0.02)
+    np.testing.assert_allclose(kernel.std(), 256**-0.5, rtol=0.02)  # not the std-1 bug
+    np.testing.assert_allclose(
+        np.asarray(params["token_embedder"]["embedding"]).std(), 1.0, rtol=0.02
+    )
 
 
 def test_tied_logits_are_scaled_embedding_products():
@@ -165,9 +204,13 @@ def test_tied_logits_are_scaled_embedding_products():
     batch = _batch(np.random.default_rng(2))
     logits = model.logits(params, batch)
     # Recompute the decoder's last hidden state via flax's capture of intermediates.
-    _, state = model.module.apply({"params": params}, batch["encoder_input_tokens"],
-                                  batch["decoder_input_tokens"], capture_intermediates=True,
-                                  mutable=["intermediates"])
+    _, state = model.module.apply(
+        {"params": params},
+        batch["encoder_input_tokens"],
+        batch["decoder_input_tokens"],
+        capture_intermediates=True,
+        mutable=["intermediates"],
+    )
     hidden = state["intermediates"]["decoder"]["decoder_norm"]["__call__"][0]
     expected = hidden @ params["token_embedder"]["embedding"].T / np.sqrt(32)
     np.testing.assert_allclose(logits, expected, atol=1e-5, rtol=1e-5)

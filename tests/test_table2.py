@@ -12,12 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5x_like import gin_setup
-from t5x_like import flops, train  # noqa: F401  (train registers its gin configurable)
+from t5x_like import flops, gin_setup, logs, train  # noqa: F401  (train registers its gin configurable)
 from t5x_like.models import t5
 from t5x_like.models.decoder_only import DecoderOnlyModel, GPTConfig
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
-from t5x_like import logs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABLE2 = os.path.join(ROOT, "gin_configs/table2")
@@ -31,8 +29,10 @@ def _model(name: str, *extra_files: str):
     gin_setup.parse_gin([os.path.join(TABLE2, f"{name}.gin"), *extra_files], [])
     model_class = gin.query_parameter("train.model_class").scoped_configurable_fn
     lengths = gin.query_parameter("train.task_feature_lengths")
-    lengths = {k: int(v.scoped_configurable_fn() if hasattr(v, "scoped_configurable_fn") else v)
-               for k, v in lengths.items()}  # macros are evaluated when gin calls train
+    lengths = {
+        k: int(v.scoped_configurable_fn() if hasattr(v, "scoped_configurable_fn") else v)
+        for k, v in lengths.items()
+    }  # macros are evaluated when gin calls train
     return model_class(), lengths
 
 
@@ -77,11 +77,16 @@ def test_shared_model_is_one_stack_plus_cross_attention():
     own = ("self_attention", "mlp", "pre_self_attention_layer_norm", "pre_mlp_layer_norm")
     expected = t5.count_params(full_tree) - sum(
         t5.count_params(full_tree["decoder"][layer][part])
-        for layer in full_tree["decoder"] if layer.startswith("layers_") for part in own)
+        for layer in full_tree["decoder"]
+        if layer.startswith("layers_")
+        for part in own
+    )
     assert t5.count_params(shared_tree) == expected
     for layer in ("layers_0", "layers_1"):
-        assert set(shared_tree["decoder"][layer]) == {"encoder_decoder_attention",
-                                                      "pre_cross_attention_layer_norm"}
+        assert set(shared_tree["decoder"][layer]) == {
+            "encoder_decoder_attention",
+            "pre_cross_attention_layer_norm",
+        }
 
 
 def test_half_depth_model_has_half_the_layers():
@@ -96,16 +101,21 @@ def test_half_depth_model_has_half_the_layers():
 def test_shared_model_uses_the_encoder_weights_in_the_decoder():
     """Perturbing an encoder layer's MLP changes the decoder's computation even with the
     encoder output held fixed: the decoder really runs the shared layer."""
-    model, _ = _model("shared_denoising", os.path.join(TABLE2, "sizes/tiny.gin"),
-                      os.path.join(TABLE2, "data/offline.gin"))
+    model, _ = _model(
+        "shared_denoising",
+        os.path.join(TABLE2, "sizes/tiny.gin"),
+        os.path.join(TABLE2, "data/offline.gin"),
+    )
     params = t5.nn.meta.unbox(model.init(jax.random.key(0)))
     encoded = jax.random.normal(jax.random.key(1), (1, 5, 64))
     tokens, dec = jnp.ones((1, 5), jnp.int32), jnp.array([[0, 4, 5]])
-    decode = lambda p: model.module.apply({"params": p}, encoded, tokens, dec,
-                                          method=t5.Transformer.decode)
+    decode = lambda p: model.module.apply(
+        {"params": p}, encoded, tokens, dec, method=t5.Transformer.decode
+    )
     changed = jax.tree_util.tree_map(lambda x: x, params)
     changed["encoder"]["layers_0"]["mlp"]["wo"]["kernel"] = (
-        params["encoder"]["layers_0"]["mlp"]["wo"]["kernel"] * 2.0)
+        params["encoder"]["layers_0"]["mlp"]["wo"]["kernel"] * 2.0
+    )
     assert not np.allclose(decode(params), decode(changed))
 
 
@@ -130,17 +140,31 @@ def _dot_flops(fn, *args) -> int:
 
 
 def test_hand_flop_count_equals_the_traced_matmuls():
-    t5_cfg = t5.T5Config(vocab_size=96, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=48,
-                         num_encoder_layers=2, num_decoder_layers=3,
-                         mlp_activations=("gelu", "linear"), logits_via_embedding=False)
+    t5_cfg = t5.T5Config(
+        vocab_size=96,
+        emb_dim=32,
+        num_heads=4,
+        head_dim=8,
+        mlp_dim=48,
+        num_encoder_layers=2,
+        num_decoder_layers=3,
+        mlp_activations=("gelu", "linear"),
+        logits_via_embedding=False,
+    )
     model = EncoderDecoderModel(t5_cfg)
     params = t5.nn.meta.unbox(model.init(jax.random.key(0)))
     enc, dec = jnp.ones((1, 7), jnp.int32), jnp.ones((1, 5), jnp.int32)
     traced = _dot_flops(lambda p: model.module.apply({"params": p}, enc, dec), params)
     assert flops.encoder_decoder_flops(t5_cfg, 7, 5) == traced
 
-    gpt_cfg = GPTConfig(vocab_size=96, max_position_embeddings=16, hidden_size=32, num_layers=2,
-                        num_heads=4, intermediate_size=48)
+    gpt_cfg = GPTConfig(
+        vocab_size=96,
+        max_position_embeddings=16,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        intermediate_size=48,
+    )
     model = DecoderOnlyModel(gpt_cfg)
     params = t5.nn.meta.unbox(model.init(jax.random.key(0)))
     tokens = jnp.ones((1, 11), jnp.int32)
@@ -165,14 +189,31 @@ def test_every_row_trains_at_tiny_size_on_the_offline_corpus(row, tmp_path):
 
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
     run = subprocess.run(
-        [sys.executable, "-m", "t5x_like.train", f"--gin_file=gin_configs/table2/{row}.gin",
-         "--gin_file=gin_configs/table2/sizes/tiny.gin",
-         "--gin_file=gin_configs/table2/data/offline.gin", f"--gin.MODEL_DIR={tmp_path}",
-         "--gin.TRAIN_STEPS=20", "--gin.BATCH_SIZE=16", "--gin.train.log_every=10",
-         "--gin.train.eval_every=0", "--gin.train.num_predictions=1"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "t5x_like.train",
+            f"--gin_file=gin_configs/table2/{row}.gin",
+            "--gin_file=gin_configs/table2/sizes/tiny.gin",
+            "--gin_file=gin_configs/table2/data/offline.gin",
+            f"--gin.MODEL_DIR={tmp_path}",
+            "--gin.TRAIN_STEPS=20",
+            "--gin.BATCH_SIZE=16",
+            "--gin.train.log_every=10",
+            "--gin.train.eval_every=0",
+            "--gin.train.num_predictions=1",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "forward FLOPs per example" in run.stdout
-    losses = [float(line.split(" loss ")[1].split()[0]) for line in logs.unstamped(run.stdout)
-              if line.startswith("step") and " loss " in line and "eval" not in line]
+    losses = [
+        float(line.split(" loss ")[1].split()[0])
+        for line in logs.unstamped(run.stdout)
+        if line.startswith("step") and " loss " in line and "eval" not in line
+    ]
     assert len(losses) == 2 and losses[1] < losses[0] and losses[1] < np.log(2048), losses

@@ -10,18 +10,26 @@ import gin
 import numpy as np
 import pytest
 
-from t5x_like import gin_setup
-from t5x_like import logs, optimizers, train
+from t5x_like import gin_setup, logs, optimizers, train
 from tests.fake_metadata_server import FakeMetadataServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_RUN = [
-    "T5Config.vocab_size=2048", "T5Config.emb_dim=64", "T5Config.num_heads=2",
-    "T5Config.head_dim=32", "T5Config.mlp_dim=128", "T5Config.num_encoder_layers=1",
-    "T5Config.num_decoder_layers=1", "T5Config.mlp_activations=('gelu', 'linear')",
-    "T5Config.logits_via_embedding=False", "T5Config.dropout_rate=0.0",
-    "train.task_feature_lengths={'inputs': 64, 'targets': 16}", "train.batch_size=8",
-    "train.eval_batches=1", "train.num_predictions=2", "train.log_every=5",
+    "T5Config.vocab_size=2048",
+    "T5Config.emb_dim=64",
+    "T5Config.num_heads=2",
+    "T5Config.head_dim=32",
+    "T5Config.mlp_dim=128",
+    "T5Config.num_encoder_layers=1",
+    "T5Config.num_decoder_layers=1",
+    "T5Config.mlp_activations=('gelu', 'linear')",
+    "T5Config.logits_via_embedding=False",
+    "T5Config.dropout_rate=0.0",
+    "train.task_feature_lengths={'inputs': 64, 'targets': 16}",
+    "train.batch_size=8",
+    "train.eval_batches=1",
+    "train.num_predictions=2",
+    "train.log_every=5",
 ]
 
 
@@ -34,13 +42,23 @@ def test_inverse_sqrt_schedule_values():
 
 def test_short_run_loss_falls_and_saves(tmp_path, capsys):
     model_dir = tmp_path / "run"
-    gin_setup.parse_gin([os.path.join(ROOT, "gin_configs/runs/quickstart.gin")], TINY_RUN + [
-        f"MODEL_DIR={model_dir}", "TRAIN_STEPS=40", "train.eval_every=40",
-        "train.checkpoint_every=20"])
+    gin_setup.parse_gin(
+        [os.path.join(ROOT, "gin_configs/runs/quickstart.gin")],
+        TINY_RUN
+        + [
+            f"MODEL_DIR={model_dir}",
+            "TRAIN_STEPS=40",
+            "train.eval_every=40",
+            "train.checkpoint_every=20",
+        ],
+    )
     train.train()
     out = capsys.readouterr().out
-    losses = [float(line.split("loss ")[1].split()[0]) for line in logs.unstamped(out)
-              if line.startswith("step") and " loss " in line and "eval" not in line]
+    losses = [
+        float(line.split("loss ")[1].split()[0])
+        for line in logs.unstamped(out)
+        if line.startswith("step") and " loss " in line and "eval" not in line
+    ]
     assert len(losses) == 8
     assert losses[-1] < losses[0] - 1.0, losses
     assert "eval loss" in out and "predicted:" in out and "true:" in out
@@ -50,19 +68,31 @@ def test_short_run_loss_falls_and_saves(tmp_path, capsys):
 
 
 def _train_cmd(model_dir, steps, every=5):
-    bindings = TINY_RUN + [f"MODEL_DIR={model_dir}", f"TRAIN_STEPS={steps}",
-                           "train.eval_every=0", "train.num_predictions=0",
-                           f"train.checkpoint_every={every}"]
-    return [sys.executable, "-m", "t5x_like.train",
-            "--gin_file=gin_configs/runs/quickstart.gin"] + [f"--gin.{b}" for b in bindings]
+    bindings = TINY_RUN + [
+        f"MODEL_DIR={model_dir}",
+        f"TRAIN_STEPS={steps}",
+        "train.eval_every=0",
+        "train.num_predictions=0",
+        f"train.checkpoint_every={every}",
+    ]
+    return [
+        sys.executable,
+        "-m",
+        "t5x_like.train",
+        "--gin_file=gin_configs/runs/quickstart.gin",
+    ] + [f"--gin.{b}" for b in bindings]
 
 
 @pytest.mark.slow  # two training subprocesses (~150 s); CI runs the slow set
 def test_killed_run_resumes_from_newest_checkpoint(tmp_path):
     model_dir = tmp_path / "run"
     ckpts = model_dir / "checkpoints"
-    proc = subprocess.Popen(_train_cmd(model_dir, 100_000), cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        _train_cmd(model_dir, 100_000),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.time() + 240
         while time.time() < deadline:
@@ -76,8 +106,9 @@ def test_killed_run_resumes_from_newest_checkpoint(tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     saved = max(int(d) for d in os.listdir(ckpts) if d.isdigit())
-    resumed = subprocess.run(_train_cmd(model_dir, saved + 5), cwd=ROOT, capture_output=True,
-                             text=True, timeout=300)
+    resumed = subprocess.run(
+        _train_cmd(model_dir, saved + 5), cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"Resumed from the checkpoint at step {saved}" in resumed.stdout
     assert f"step {saved + 5:>7}  loss" in resumed.stdout
@@ -89,21 +120,37 @@ def test_killed_run_resumes_from_newest_checkpoint(tmp_path):
 def test_resume_with_another_model_is_refused(tmp_path, capsys):
     """(The first run trains with scanned layers, sharded over the simulated devices.)"""
     model_dir = tmp_path / "run"
-    gin_setup.parse_gin(["gin_configs/runs/quickstart.gin"], TINY_RUN + [
-        f"MODEL_DIR={model_dir}", "TRAIN_STEPS=2", "train.eval_every=0",
-        "train.num_predictions=0", "T5Config.scan_layers=True"])
+    gin_setup.parse_gin(
+        ["gin_configs/runs/quickstart.gin"],
+        TINY_RUN
+        + [
+            f"MODEL_DIR={model_dir}",
+            "TRAIN_STEPS=2",
+            "train.eval_every=0",
+            "train.num_predictions=0",
+            "T5Config.scan_layers=True",
+        ],
+    )
     train.train()
     gin.clear_config()
-    code = train.main(["--gin_file=gin_configs/runs/quickstart.gin"]
-                      + [f"--gin.{b}" for b in TINY_RUN]
-                      + [f"--gin.MODEL_DIR={model_dir}", "--gin.T5Config.emb_dim=96",
-                         "--gin.TRAIN_STEPS=4", "--gin.T5Config.scan_layers=True"])
+    code = train.main(
+        ["--gin_file=gin_configs/runs/quickstart.gin"]
+        + [f"--gin.{b}" for b in TINY_RUN]
+        + [
+            f"--gin.MODEL_DIR={model_dir}",
+            "--gin.T5Config.emb_dim=96",
+            "--gin.TRAIN_STEPS=4",
+            "--gin.T5Config.scan_layers=True",
+        ]
+    )
     assert code == 2
     assert "emb_dim: checkpoint 64 vs config 96" in capsys.readouterr().err
     gin.clear_config()
-    code = train.main(["--gin_file=gin_configs/runs/quickstart.gin"]
-                      + [f"--gin.{b}" for b in TINY_RUN]
-                      + [f"--gin.MODEL_DIR={model_dir}", "--gin.TRAIN_STEPS=4"])
+    code = train.main(
+        ["--gin_file=gin_configs/runs/quickstart.gin"]
+        + [f"--gin.{b}" for b in TINY_RUN]
+        + [f"--gin.MODEL_DIR={model_dir}", "--gin.TRAIN_STEPS=4"]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert "trained with scan_layers=True" in err and "T5Config.scan_layers=True" in err
@@ -118,10 +165,18 @@ def test_preemption_notice_saves_at_the_current_step_exits_zero_and_resumes(noti
     model_dir = tmp_path / "run"
     ckpts = model_dir / "checkpoints"
     server = FakeMetadataServer()
-    proc = subprocess.Popen(_train_cmd(model_dir, 100_000, every=100_000) + [
-        "--gin.train.log_every=1", "--gin.PreemptionWatcher.poll_seconds=0.1",
-        f"--gin.PreemptionWatcher.maintenance_event_url='{server.url}'"], cwd=ROOT,
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        _train_cmd(model_dir, 100_000, every=100_000)
+        + [
+            "--gin.train.log_every=1",
+            "--gin.PreemptionWatcher.poll_seconds=0.1",
+            f"--gin.PreemptionWatcher.maintenance_event_url='{server.url}'",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     lines = []
     try:
         for line in proc.stdout:
@@ -144,8 +199,13 @@ def test_preemption_notice_saves_at_the_current_step_exits_zero_and_resumes(noti
     step = int(stopped[0].split()[1])
     assert step >= 7
     assert [int(d) for d in os.listdir(ckpts) if d.isdigit()] == [step]
-    resumed = subprocess.run(_train_cmd(model_dir, step + 3, every=100_000), cwd=ROOT,
-                             capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        _train_cmd(model_dir, step + 3, every=100_000),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"Resumed from the checkpoint at step {step}" in resumed.stdout
     assert max(int(d) for d in os.listdir(ckpts) if d.isdigit()) == step + 3

@@ -8,8 +8,21 @@ import tensorflow as tf
 
 from t5x_like.data import wordpiece
 
-HAND_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "un", "##aff", "##able",
-              "runs", "!", "cafe", "."]
+HAND_VOCAB = [
+    "[PAD]",
+    "[UNK]",
+    "[CLS]",
+    "[SEP]",
+    "[MASK]",
+    "the",
+    "un",
+    "##aff",
+    "##able",
+    "runs",
+    "!",
+    "cafe",
+    ".",
+]
 SENTENCES = [
     "The unaffable runs!",
     "Hello, World. This is BERT's tokenizer: it splits punctuation (and numbers 12,345).",
@@ -32,8 +45,7 @@ def learned_vocab(tmp_path_factory):
         lines = f.readlines()
     corpus = directory / "corpus.txt"
     corpus.write_text("".join(lines[: len(lines) // 4]))
-    pieces = wordpiece.main(["--input", str(corpus), "--output", str(path),
-                             "--vocab_size", "2000"])
+    pieces = wordpiece.main(["--input", str(corpus), "--output", str(path), "--vocab_size", "2000"])
     assert pieces[:5] == list(wordpiece.SPECIAL_TOKENS)
     return path
 
@@ -47,7 +59,12 @@ def test_hand_checked_sentence(tmp_path):
     assert vocab.encode("Café.") == [11, 12]  # lower-cased, accent stripped
     assert vocab.encode("unknownword") == [vocab.unk_id]
     assert (vocab.pad_id, vocab.unk_id, vocab.cls_id, vocab.sep_id, vocab.mask_id) == (
-        0, 1, 2, 3, 4)
+        0,
+        1,
+        2,
+        3,
+        4,
+    )
     assert vocab.decode(ids) == "the unaffable runs !"
     assert vocab.encode_tf(tf.constant("the runs")).numpy().tolist() == [5, 9]
 

@@ -20,14 +20,15 @@ class WordVocabulary(seqio.Vocabulary):
         self._ids = {w: i for i, w in enumerate(self._words)}
         super().__init__(extra_ids=extra_ids)
         self._table = tf.lookup.StaticHashTable(
-            tf.lookup.KeyValueTensorInitializer(tf.constant(self._words),
-                                                tf.range(len(self._words), dtype=tf.int32)),
-            default_value=2)
+            tf.lookup.KeyValueTensorInitializer(
+                tf.constant(self._words), tf.range(len(self._words), dtype=tf.int32)
+            ),
+            default_value=2,
+        )
         self._pieces = tf.constant(self.pieces())
 
     def pieces(self) -> list[str]:
-        return self._words + [f"<extra_id_{self.extra_ids - 1 - i}>"
-                              for i in range(self.extra_ids)]
+        return self._words + [f"<extra_id_{self.extra_ids - 1 - i}>" for i in range(self.extra_ids)]
 
     @property
     def eos_id(self) -> int:

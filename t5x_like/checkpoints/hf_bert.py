@@ -2,8 +2,8 @@
 <-> our parameters.
 
 Every HF tensor maps to one of our parameters through a reversible transform, so the same table
-imports and exports. Reading is `hf_t5.read_tensors` (safetensors, or a weights-only `.bin`: no code runs); unknown,
-missing or mis-shaped tensors are errors that name the tensor.
+imports and exports. Reading is `hf_t5.read_tensors` (safetensors, or a weights-only `.bin`: no
+code runs); unknown, missing or mis-shaped tensors are errors that name the tensor.
 """
 
 from __future__ import annotations
@@ -12,8 +12,14 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from t5x_like.checkpoints.hf_t5 import (CheckpointError, TransformPair, from_heads, same,
-                                          to_heads, transposed)
+from t5x_like.checkpoints.hf_t5 import (
+    CheckpointError,
+    TransformPair,
+    from_heads,
+    same,
+    to_heads,
+    transposed,
+)
 from t5x_like.models.bert import BertConfig
 
 Tensor = np.ndarray
@@ -25,15 +31,18 @@ def config_from_hf(hf: dict[str, Any]) -> BertConfig:
     if act != "gelu":
         raise CheckpointError(f"config.json hidden_act={act!r}; BERT uses the exact 'gelu'.")
     return BertConfig(
-        vocab_size=hf.get("vocab_size", 30522), hidden_size=hf.get("hidden_size", 768),
-        num_layers=hf.get("num_hidden_layers", 12), num_heads=hf.get("num_attention_heads", 12),
+        vocab_size=hf.get("vocab_size", 30522),
+        hidden_size=hf.get("hidden_size", 768),
+        num_layers=hf.get("num_hidden_layers", 12),
+        num_heads=hf.get("num_attention_heads", 12),
         intermediate_size=hf.get("intermediate_size", 3072),
         max_position_embeddings=hf.get("max_position_embeddings", 512),
         type_vocab_size=hf.get("type_vocab_size", 2),
         dropout_rate=hf.get("hidden_dropout_prob", 0.1),
         attention_dropout_rate=hf.get("attention_probs_dropout_prob", 0.1),
         layer_norm_epsilon=hf.get("layer_norm_eps", 1e-12),
-        initializer_range=hf.get("initializer_range", 0.02))
+        initializer_range=hf.get("initializer_range", 0.02),
+    )
 
 
 def _bias_heads(heads: tuple[int, int]) -> TransformPair:
@@ -49,9 +58,13 @@ FINE_TUNING_HEADS = ("classifier", "qa_outputs")
 NO_POOLER = ("BertForQuestionAnswering", "BertForTokenClassification")
 
 
-def name_map(cfg: BertConfig, prefix: str = "bert.", heads_too: bool = True,
-             fine_tuning_head: str | None = None, pooler: bool = True
-             ) -> Iterator[tuple[str, tuple[str, ...], tuple]]:
+def name_map(
+    cfg: BertConfig,
+    prefix: str = "bert.",
+    heads_too: bool = True,
+    fine_tuning_head: str | None = None,
+    pooler: bool = True,
+) -> Iterator[tuple[str, tuple[str, ...], tuple]]:
     """(HF name, our path, (to_ours, to_hf)) for every parameter. `prefix` is 'bert.' for
     BertForPreTraining and the fine-tuning models, '' for a bare BertModel; `heads_too` adds
     the MLM/NSP heads, `fine_tuning_head` a fine-tuning head's linear layer; `pooler=False`
@@ -59,8 +72,11 @@ def name_map(cfg: BertConfig, prefix: str = "bert.", heads_too: bool = True,
     heads = (cfg.num_heads, cfg.head_dim)
     enc = ("encoder",)
     emb = f"{prefix}embeddings"
-    yield f"{emb}.word_embeddings.weight", (*enc, "embeddings", "word_embeddings",
-                                            "embedding"), same()
+    yield (
+        f"{emb}.word_embeddings.weight",
+        (*enc, "embeddings", "word_embeddings", "embedding"),
+        same(),
+    )
     yield f"{emb}.position_embeddings.weight", (*enc, "embeddings", "position_embeddings"), same()
     yield f"{emb}.token_type_embeddings.weight", (*enc, "embeddings", "segment_embeddings"), same()
     yield f"{emb}.LayerNorm.weight", (*enc, "embeddings", "layer_norm", "scale"), same()
@@ -69,15 +85,26 @@ def name_map(cfg: BertConfig, prefix: str = "bert.", heads_too: bool = True,
         hf = f"{prefix}encoder.layer.{i}"
         ours = (*enc, f"layers_{i}")
         for name in ("query", "key", "value"):
-            yield (f"{hf}.attention.self.{name}.weight", (*ours, "attention", name, "kernel"),
-                   to_heads(heads))
-            yield (f"{hf}.attention.self.{name}.bias", (*ours, "attention", name, "bias"),
-                   _bias_heads(heads))
-        yield (f"{hf}.attention.output.dense.weight", (*ours, "attention", "out", "kernel"),
-               from_heads(heads))
+            yield (
+                f"{hf}.attention.self.{name}.weight",
+                (*ours, "attention", name, "kernel"),
+                to_heads(heads),
+            )
+            yield (
+                f"{hf}.attention.self.{name}.bias",
+                (*ours, "attention", name, "bias"),
+                _bias_heads(heads),
+            )
+        yield (
+            f"{hf}.attention.output.dense.weight",
+            (*ours, "attention", "out", "kernel"),
+            from_heads(heads),
+        )
         yield f"{hf}.attention.output.dense.bias", (*ours, "attention", "out", "bias"), same()
-        for hf_norm, norm in (("attention.output.LayerNorm", "attention_norm"),
-                              ("output.LayerNorm", "mlp_norm")):
+        for hf_norm, norm in (
+            ("attention.output.LayerNorm", "attention_norm"),
+            ("output.LayerNorm", "mlp_norm"),
+        ):
             yield f"{hf}.{hf_norm}.weight", (*ours, norm, "scale"), same()
             yield f"{hf}.{hf_norm}.bias", (*ours, norm, "bias"), same()
         for hf_dense, dense in (("intermediate.dense", "wi"), ("output.dense", "wo")):
@@ -104,13 +131,19 @@ def _layout(names) -> tuple[str, bool, str | None, bool]:
     names = set(names)
     prefix = "bert." if any(k.startswith("bert.") for k in names) else ""
     head = next((h for h in FINE_TUNING_HEADS if f"{h}.weight" in names), None)
-    return (prefix, "cls.seq_relationship.weight" in names, head,
-            f"{prefix}pooler.dense.weight" in names)
+    return (
+        prefix,
+        "cls.seq_relationship.weight" in names,
+        head,
+        f"{prefix}pooler.dense.weight" in names,
+    )
 
 
 # Tensors that are copies of others (tied output layer); accepted only when equal.
-_TIED = {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
-         "cls.predictions.decoder.bias": "cls.predictions.bias"}
+_TIED = {
+    "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+    "cls.predictions.decoder.bias": "cls.predictions.bias",
+}
 
 
 def params_from_hf(tensors: dict[str, Tensor], cfg: BertConfig) -> Params:
@@ -125,9 +158,9 @@ def params_from_hf(tensors: dict[str, Tensor], cfg: BertConfig) -> Params:
                 raise CheckpointError(f"Tensor {copy} differs from {source}; BERT ties them.")
             del tensors[copy]
     params: Params = {}
-    for hf_name, path, (to_ours, _) in name_map(cfg, prefix, heads_too=pretraining,
-                                                fine_tuning_head=head,
-                                                pooler=pooler or head is None):
+    for hf_name, path, (to_ours, _) in name_map(
+        cfg, prefix, heads_too=pretraining, fine_tuning_head=head, pooler=pooler or head is None
+    ):
         if hf_name not in tensors:
             raise CheckpointError(f"Tensor {hf_name} is missing from the checkpoint.")
         node = params
@@ -136,8 +169,10 @@ def params_from_hf(tensors: dict[str, Tensor], cfg: BertConfig) -> Params:
         node[path[-1]] = np.asarray(to_ours(tensors.pop(hf_name)), np.float32)
     if not pooler and head is not None:  # a span or token head: the pooler is never used
         h = cfg.hidden_size
-        params["encoder"]["pooler"] = {"kernel": np.zeros((h, h), np.float32),
-                                       "bias": np.zeros((h,), np.float32)}
+        params["encoder"]["pooler"] = {
+            "kernel": np.zeros((h, h), np.float32),
+            "bias": np.zeros((h,), np.float32),
+        }
     tensors.pop("bert.embeddings.position_ids", None)
     tensors.pop("embeddings.position_ids", None)
     if tensors:
@@ -145,8 +180,9 @@ def params_from_hf(tensors: dict[str, Tensor], cfg: BertConfig) -> Params:
     return params
 
 
-def params_to_hf(params: Params, cfg: BertConfig,
-                 architecture: str | None = None) -> dict[str, Tensor]:
+def params_to_hf(
+    params: Params, cfg: BertConfig, architecture: str | None = None
+) -> dict[str, Tensor]:
     """HF tensors from our parameters: BertForPreTraining's (the tied copies included) for a
     pretraining model, the encoder plus the head's linear layer for a fine-tuned one (without
     the pooler for the `NO_POOLER` architectures); our parameters in either layer layout."""
@@ -157,9 +193,9 @@ def params_to_hf(params: Params, cfg: BertConfig,
     pretraining = "mlm" in params
     head = next((h for h in FINE_TUNING_HEADS if h in params), None)
     architecture = architecture or _architecture(head)
-    for hf_name, path, (_, to_hf) in name_map(cfg, heads_too=pretraining,
-                                              fine_tuning_head=head,
-                                              pooler=architecture not in NO_POOLER):
+    for hf_name, path, (_, to_hf) in name_map(
+        cfg, heads_too=pretraining, fine_tuning_head=head, pooler=architecture not in NO_POOLER
+    ):
         node = params
         for key in path:
             node = node[key]
@@ -186,9 +222,11 @@ def load_hf_checkpoint(checkpoint_dir: str) -> tuple[BertConfig, Params]:
         for key in path:
             got, want = got[key], want[key]
         if tuple(got.shape) != tuple(want.shape):
-            raise CheckpointError(f"Tensor {hf_name} gives shape {tuple(got.shape)} for "
-                                  f"{'/'.join(path)}, but config.json implies "
-                                  f"{tuple(want.shape)}.")
+            raise CheckpointError(
+                f"Tensor {hf_name} gives shape {tuple(got.shape)} for "
+                f"{'/'.join(path)}, but config.json implies "
+                f"{tuple(want.shape)}."
+            )
     return cfg, params
 
 
@@ -200,43 +238,58 @@ def expected_params(cfg: BertConfig) -> Params:
 
     from t5x_like.models.bert import BertForPreTraining
 
-    return nn.meta.unbox(jax.eval_shape(lambda: BertForPreTraining(cfg).init(
-        jax.random.key(0), jnp.ones((1, 8), jnp.int32)))["params"])
+    return nn.meta.unbox(
+        jax.eval_shape(
+            lambda: BertForPreTraining(cfg).init(jax.random.key(0), jnp.ones((1, 8), jnp.int32))
+        )["params"]
+    )
 
 
 # The HF architecture of each fine-tuning head (our module name, number of outputs).
-HEAD_ARCHITECTURES = {"qa_outputs": "BertForQuestionAnswering",
-                      "classifier": "BertForSequenceClassification"}
+HEAD_ARCHITECTURES = {
+    "qa_outputs": "BertForQuestionAnswering",
+    "classifier": "BertForSequenceClassification",
+}
 
 
 def _architecture(head: str | None) -> str:
     return HEAD_ARCHITECTURES[head] if head else "BertForPreTraining"
 
 
-def hf_config(cfg: BertConfig, architecture: str = "BertForPreTraining",
-              num_labels: int | None = None) -> dict[str, Any]:
+def hf_config(
+    cfg: BertConfig, architecture: str = "BertForPreTraining", num_labels: int | None = None
+) -> dict[str, Any]:
     extra = {"num_labels": num_labels} if num_labels else {}
-    return {"architectures": [architecture], "model_type": "bert", **extra,
-            "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
-            "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
-            "intermediate_size": cfg.intermediate_size, "hidden_act": "gelu",
-            "hidden_dropout_prob": cfg.dropout_rate,
-            "attention_probs_dropout_prob": cfg.attention_dropout_rate,
-            "max_position_embeddings": cfg.max_position_embeddings,
-            "type_vocab_size": cfg.type_vocab_size, "initializer_range": cfg.initializer_range,
-            "layer_norm_eps": cfg.layer_norm_epsilon, "pad_token_id": 0}
+    return {
+        "architectures": [architecture],
+        "model_type": "bert",
+        **extra,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "intermediate_size": cfg.intermediate_size,
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": cfg.dropout_rate,
+        "attention_probs_dropout_prob": cfg.attention_dropout_rate,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "type_vocab_size": cfg.type_vocab_size,
+        "initializer_range": cfg.initializer_range,
+        "layer_norm_eps": cfg.layer_norm_epsilon,
+        "pad_token_id": 0,
+    }
 
 
 def export_architecture(params: Params, architecture: str | None = None) -> str:
     """The HF class an export writes: BertForPreTraining, or the fine-tuned model's
     (`architecture` overrides the guess from the head, e.g. 'BertForMultipleChoice' or
     'BertForTokenClassification' for a `classifier` head)."""
-    return architecture or _architecture(next((h for h in FINE_TUNING_HEADS if h in params),
-                                              None))
+    return architecture or _architecture(next((h for h in FINE_TUNING_HEADS if h in params), None))
 
 
-def save_hf_checkpoint(directory: str, params: Params, cfg: BertConfig,
-                       architecture: str | None = None) -> str:
+def save_hf_checkpoint(
+    directory: str, params: Params, cfg: BertConfig, architecture: str | None = None
+) -> str:
     """Write config.json + model.safetensors in HuggingFace's layout for
     `export_architecture(params, architecture)`; returns the architecture written."""
     import json
@@ -254,6 +307,9 @@ def save_hf_checkpoint(directory: str, params: Params, cfg: BertConfig,
         json.dump(hf_config(cfg, architecture, num_labels), f, indent=2)
     tensors = params_to_hf(params, cfg, architecture)
     # safetensors refuses shared memory; the tied copies are written as their own arrays.
-    save_file({k: np.array(v, copy=True) for k, v in tensors.items()},
-              os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {k: np.array(v, copy=True) for k, v in tensors.items()},
+        os.path.join(directory, "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     return architecture

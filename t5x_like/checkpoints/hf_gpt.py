@@ -19,8 +19,12 @@ Tensor = np.ndarray
 Params = dict[str, Any]
 
 # HF activation names -> ours ('gelu' is the exact erf GELU in transformers' table).
-_ACTIVATIONS = {"gelu": "gelu_exact", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu",
-                "relu": "relu"}
+_ACTIVATIONS = {
+    "gelu": "gelu_exact",
+    "gelu_new": "gelu",
+    "gelu_pytorch_tanh": "gelu",
+    "relu": "relu",
+}
 # Per family: (model_type, embeddings, layer norms in block order, final norm or None)
 _LAYOUTS = {
     "openai-gpt": ("transformer.tokens_embed", "transformer.positions_embed", None),
@@ -36,42 +40,71 @@ def config_from_hf(hf: dict[str, Any]) -> GPTConfig:
         raise CheckpointError(f"config.json {act_key}={act!r}; supported: {sorted(_ACTIVATIONS)}.")
     hidden = hf.get("n_embd", 768)
     return GPTConfig(
-        vocab_size=hf.get("vocab_size", 40478), max_position_embeddings=hf.get("n_positions", 512),
-        hidden_size=hidden, num_layers=hf.get("n_layer", 12), num_heads=hf.get("n_head", 12),
+        vocab_size=hf.get("vocab_size", 40478),
+        max_position_embeddings=hf.get("n_positions", 512),
+        hidden_size=hidden,
+        num_layers=hf.get("n_layer", 12),
+        num_heads=hf.get("n_head", 12),
         intermediate_size=hf.get("n_inner") or 4 * hidden,
-        dropout_rate=hf.get("resid_pdrop", 0.1), attention_dropout_rate=hf.get("attn_pdrop", 0.1),
+        dropout_rate=hf.get("resid_pdrop", 0.1),
+        attention_dropout_rate=hf.get("attn_pdrop", 0.1),
         layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-5),
         initializer_range=hf.get("initializer_range", 0.02),
-        pre_layer_norm=model_type == "gpt2", activation=_ACTIVATIONS[act],
-        scale_residual_init=model_type == "gpt2")
+        pre_layer_norm=model_type == "gpt2",
+        activation=_ACTIVATIONS[act],
+        scale_residual_init=model_type == "gpt2",
+    )
 
 
 # Layer options that transformers' GPT classes cannot express (the T5-paper language model).
-_HF_LAYOUT = {"norm": "layer_norm", "use_bias": True, "position_encoding": "learned",
-              "initialization": "normal", "tie_embeddings": True, "num_special_tokens": 0}
+_HF_LAYOUT = {
+    "norm": "layer_norm",
+    "use_bias": True,
+    "position_encoding": "learned",
+    "initialization": "normal",
+    "tie_embeddings": True,
+    "num_special_tokens": 0,
+}
 
 
 def hf_config(cfg: GPTConfig) -> dict[str, Any]:
     """config.json for transformers: GPT-2 for a pre-LN model, OpenAI GPT otherwise."""
     different = {k: getattr(cfg, k) for k, v in _HF_LAYOUT.items() if getattr(cfg, k) != v}
     if different:
-        raise CheckpointError(f"transformers' GPT models have no equivalent of {different}; "
-                              "only GPT-1/GPT-2-style models export (T5-style language models "
-                              "stay in this codebase's checkpoint format).")
+        raise CheckpointError(
+            f"transformers' GPT models have no equivalent of {different}; "
+            "only GPT-1/GPT-2-style models export (T5-style language models "
+            "stay in this codebase's checkpoint format)."
+        )
     act = {v: k for k, v in _ACTIVATIONS.items() if k != "gelu_pytorch_tanh"}[cfg.activation]
-    common = {"vocab_size": cfg.vocab_size, "n_positions": cfg.max_position_embeddings,
-              "n_embd": cfg.hidden_size, "n_layer": cfg.num_layers, "n_head": cfg.num_heads,
-              "resid_pdrop": cfg.dropout_rate, "embd_pdrop": cfg.dropout_rate,
-              "attn_pdrop": cfg.attention_dropout_rate,
-              "layer_norm_epsilon": cfg.layer_norm_epsilon,
-              "initializer_range": cfg.initializer_range}
+    common = {
+        "vocab_size": cfg.vocab_size,
+        "n_positions": cfg.max_position_embeddings,
+        "n_embd": cfg.hidden_size,
+        "n_layer": cfg.num_layers,
+        "n_head": cfg.num_heads,
+        "resid_pdrop": cfg.dropout_rate,
+        "embd_pdrop": cfg.dropout_rate,
+        "attn_pdrop": cfg.attention_dropout_rate,
+        "layer_norm_epsilon": cfg.layer_norm_epsilon,
+        "initializer_range": cfg.initializer_range,
+    }
     if cfg.pre_layer_norm:
-        return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-                "activation_function": act, "n_inner": cfg.intermediate_size, **common}
+        return {
+            "architectures": ["GPT2LMHeadModel"],
+            "model_type": "gpt2",
+            "activation_function": act,
+            "n_inner": cfg.intermediate_size,
+            **common,
+        }
     if cfg.intermediate_size != 4 * cfg.hidden_size:
         raise CheckpointError("OpenAI GPT's layout has a 4 x hidden feed-forward layer only.")
-    return {"architectures": ["OpenAIGPTLMHeadModel"], "model_type": "openai-gpt", "afn": act,
-            **common}
+    return {
+        "architectures": ["OpenAIGPTLMHeadModel"],
+        "model_type": "openai-gpt",
+        "afn": act,
+        **common,
+    }
 
 
 def _family(cfg: GPTConfig) -> str:
@@ -89,12 +122,13 @@ def params_from_hf(tensors: dict[str, Tensor], cfg: GPTConfig) -> Params:
             raise CheckpointError(f"Tensor {name} is missing from the checkpoint.")
         return np.asarray(tensors.pop(name), np.float32)
 
-    params: Params = {"token_embeddings": {"embedding": take(f"{words}.weight")},
-                      "position_embeddings": take(f"{positions}.weight")}
+    params: Params = {
+        "token_embeddings": {"embedding": take(f"{words}.weight")},
+        "position_embeddings": take(f"{positions}.weight"),
+    }
     if "lm_head.weight" in tensors:
         if not np.array_equal(tensors["lm_head.weight"], params["token_embeddings"]["embedding"]):
-            raise CheckpointError("lm_head.weight differs from the token embedding; GPT ties "
-                                  "them.")
+            raise CheckpointError("lm_head.weight differs from the token embedding; GPT ties them.")
         del tensors["lm_head.weight"]
     norms = ("ln_1", "ln_2")  # before (pre-LN) or after (post-LN) attention, then the MLP
     for i in range(cfg.num_layers):
@@ -103,18 +137,31 @@ def params_from_hf(tensors: dict[str, Tensor], cfg: GPTConfig) -> Params:
         attention = {}
         for j, name in enumerate(("query", "key", "value")):
             attention[name] = {
-                "kernel": qkv_w[:, j * hidden:(j + 1) * hidden].reshape(hidden, heads, head_dim),
-                "bias": qkv_b[j * hidden:(j + 1) * hidden].reshape(heads, head_dim)}
-        attention["out"] = {"kernel": take(f"{hf}.attn.c_proj.weight").reshape(
-            heads, head_dim, hidden), "bias": take(f"{hf}.attn.c_proj.bias")}
-        layer = {"attention": attention,
-                 "mlp": {"wi": {"kernel": take(f"{hf}.mlp.c_fc.weight"),
-                                "bias": take(f"{hf}.mlp.c_fc.bias")},
-                         "wo": {"kernel": take(f"{hf}.mlp.c_proj.weight"),
-                                "bias": take(f"{hf}.mlp.c_proj.bias")}}}
+                "kernel": qkv_w[:, j * hidden : (j + 1) * hidden].reshape(hidden, heads, head_dim),
+                "bias": qkv_b[j * hidden : (j + 1) * hidden].reshape(heads, head_dim),
+            }
+        attention["out"] = {
+            "kernel": take(f"{hf}.attn.c_proj.weight").reshape(heads, head_dim, hidden),
+            "bias": take(f"{hf}.attn.c_proj.bias"),
+        }
+        layer = {
+            "attention": attention,
+            "mlp": {
+                "wi": {
+                    "kernel": take(f"{hf}.mlp.c_fc.weight"),
+                    "bias": take(f"{hf}.mlp.c_fc.bias"),
+                },
+                "wo": {
+                    "kernel": take(f"{hf}.mlp.c_proj.weight"),
+                    "bias": take(f"{hf}.mlp.c_proj.bias"),
+                },
+            },
+        }
         for hf_norm, ours in zip(norms, ("attention_norm", "mlp_norm")):
-            layer[ours] = {"scale": take(f"{hf}.{hf_norm}.weight"),
-                           "bias": take(f"{hf}.{hf_norm}.bias")}
+            layer[ours] = {
+                "scale": take(f"{hf}.{hf_norm}.weight"),
+                "bias": take(f"{hf}.{hf_norm}.bias"),
+            }
         params[f"layers_{i}"] = layer
     if final:
         params["final_norm"] = {"scale": take(f"{final}.weight"), "bias": take(f"{final}.bias")}
@@ -132,18 +179,26 @@ def params_to_hf(params: Params, cfg: GPTConfig) -> dict[str, Tensor]:
     params = scan_layout.unstack_layers(params)
     words, positions, final = _LAYOUTS[_family(cfg)]
     hidden = cfg.hidden_size
-    out = {f"{words}.weight": params["token_embeddings"]["embedding"],
-           f"{positions}.weight": params["position_embeddings"]}
+    out = {
+        f"{words}.weight": params["token_embeddings"]["embedding"],
+        f"{positions}.weight": params["position_embeddings"],
+    }
     for i in range(cfg.num_layers):
         hf, layer = f"transformer.h.{i}", params[f"layers_{i}"]
         attention = layer["attention"]
         out[f"{hf}.attn.c_attn.weight"] = np.concatenate(
-            [np.asarray(attention[n]["kernel"]).reshape(hidden, hidden)
-             for n in ("query", "key", "value")], axis=1)
+            [
+                np.asarray(attention[n]["kernel"]).reshape(hidden, hidden)
+                for n in ("query", "key", "value")
+            ],
+            axis=1,
+        )
         out[f"{hf}.attn.c_attn.bias"] = np.concatenate(
-            [np.asarray(attention[n]["bias"]).reshape(-1) for n in ("query", "key", "value")])
+            [np.asarray(attention[n]["bias"]).reshape(-1) for n in ("query", "key", "value")]
+        )
         out[f"{hf}.attn.c_proj.weight"] = np.asarray(attention["out"]["kernel"]).reshape(
-            hidden, hidden)
+            hidden, hidden
+        )
         out[f"{hf}.attn.c_proj.bias"] = attention["out"]["bias"]
         out[f"{hf}.mlp.c_fc.weight"] = layer["mlp"]["wi"]["kernel"]
         out[f"{hf}.mlp.c_fc.bias"] = layer["mlp"]["wi"]["bias"]
@@ -167,8 +222,11 @@ def expected_params(cfg: GPTConfig) -> Params:
 
     from t5x_like.models.decoder_only import DecoderOnly
 
-    return nn.meta.unbox(jax.eval_shape(lambda: DecoderOnly(cfg).init(
-        jax.random.key(0), jnp.ones((1, 8), jnp.int32)))["params"])
+    return nn.meta.unbox(
+        jax.eval_shape(
+            lambda: DecoderOnly(cfg).init(jax.random.key(0), jnp.ones((1, 8), jnp.int32))
+        )["params"]
+    )
 
 
 def load_hf_checkpoint(checkpoint_dir: str) -> tuple[GPTConfig, Params]:
@@ -183,8 +241,10 @@ def load_hf_checkpoint(checkpoint_dir: str) -> tuple[GPTConfig, Params]:
     got = traverse_util.flatten_dict(params, sep="/")
     for name, want in traverse_util.flatten_dict(expected_params(cfg), sep="/").items():
         if tuple(got[name].shape) != tuple(want.shape):
-            raise CheckpointError(f"{name} has shape {tuple(got[name].shape)}, but config.json "
-                                  f"implies {tuple(want.shape)}.")
+            raise CheckpointError(
+                f"{name} has shape {tuple(got[name].shape)}, but config.json "
+                f"implies {tuple(want.shape)}."
+            )
     return cfg, params
 
 
@@ -199,5 +259,8 @@ def save_hf_checkpoint(directory: str, params: Params, cfg: GPTConfig) -> None:
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(hf_config(cfg), f, indent=2)
     tensors = params_to_hf(params, cfg)
-    save_file({k: np.array(v, copy=True) for k, v in tensors.items()},
-              os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {k: np.array(v, copy=True) for k, v in tensors.items()},
+        os.path.join(directory, "model.safetensors"),
+        metadata={"format": "pt"},
+    )

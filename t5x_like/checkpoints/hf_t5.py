@@ -52,7 +52,8 @@ def config_from_hf(hf_config: dict[str, Any]) -> T5Config:
     if proj not in _ACTIVATIONS:
         raise CheckpointError(
             f"config.json feed_forward_proj={proj!r} is not supported; "
-            f"supported: {sorted(_ACTIVATIONS)}.")
+            f"supported: {sorted(_ACTIVATIONS)}."
+        )
     num_layers = hf_config.get("num_layers", 6)
     return T5Config(
         vocab_size=hf_config.get("vocab_size", 32128),
@@ -109,37 +110,53 @@ def name_map(cfg: T5Config) -> Iterator[tuple[str, tuple[str, ...], TransformPai
         yield f"{hf_prefix}.o.weight", (*ours, "out", "kernel"), from_heads(heads)
 
     def mlp(hf_prefix: str, ours: tuple[str, ...]):
-        names = ["wi"] if len(cfg.mlp_activations) == 1 else [
-            f"wi_{i}" for i in range(len(cfg.mlp_activations))]
+        names = (
+            ["wi"]
+            if len(cfg.mlp_activations) == 1
+            else [f"wi_{i}" for i in range(len(cfg.mlp_activations))]
+        )
         for name in names:
             yield f"{hf_prefix}.{name}.weight", (*ours, "mlp", name, "kernel"), transposed()
         yield f"{hf_prefix}.wo.weight", (*ours, "mlp", "wo", "kernel"), transposed()
 
-    for stack, n_layers in (("encoder", cfg.num_encoder_layers),
-                            ("decoder", cfg.num_decoder_layers)):
-        yield (f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
-               (stack, "relpos_bias", "rel_embedding"), transposed())
+    for stack, n_layers in (
+        ("encoder", cfg.num_encoder_layers),
+        ("decoder", cfg.num_decoder_layers),
+    ):
+        yield (
+            f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+            (stack, "relpos_bias", "rel_embedding"),
+            transposed(),
+        )
         for i in range(n_layers):
             hf = f"{stack}.block.{i}.layer"
             ours = (stack, f"layers_{i}")
             if stack == "encoder":
                 yield from attention(f"{hf}.0.SelfAttention", (*ours, "attention"))
-                yield (f"{hf}.0.layer_norm.weight", (*ours, "pre_attention_layer_norm", "scale"),
-                       same())
+                yield (
+                    f"{hf}.0.layer_norm.weight",
+                    (*ours, "pre_attention_layer_norm", "scale"),
+                    same(),
+                )
                 yield from mlp(f"{hf}.1.DenseReluDense", ours)
-                yield (f"{hf}.1.layer_norm.weight", (*ours, "pre_mlp_layer_norm", "scale"),
-                       same())
+                yield (f"{hf}.1.layer_norm.weight", (*ours, "pre_mlp_layer_norm", "scale"), same())
             else:
                 yield from attention(f"{hf}.0.SelfAttention", (*ours, "self_attention"))
-                yield (f"{hf}.0.layer_norm.weight",
-                       (*ours, "pre_self_attention_layer_norm", "scale"), same())
-                yield from attention(f"{hf}.1.EncDecAttention",
-                                     (*ours, "encoder_decoder_attention"))
-                yield (f"{hf}.1.layer_norm.weight",
-                       (*ours, "pre_cross_attention_layer_norm", "scale"), same())
+                yield (
+                    f"{hf}.0.layer_norm.weight",
+                    (*ours, "pre_self_attention_layer_norm", "scale"),
+                    same(),
+                )
+                yield from attention(
+                    f"{hf}.1.EncDecAttention", (*ours, "encoder_decoder_attention")
+                )
+                yield (
+                    f"{hf}.1.layer_norm.weight",
+                    (*ours, "pre_cross_attention_layer_norm", "scale"),
+                    same(),
+                )
                 yield from mlp(f"{hf}.2.DenseReluDense", ours)
-                yield (f"{hf}.2.layer_norm.weight", (*ours, "pre_mlp_layer_norm", "scale"),
-                       same())
+                yield (f"{hf}.2.layer_norm.weight", (*ours, "pre_mlp_layer_norm", "scale"), same())
         norm = "encoder_norm" if stack == "encoder" else "decoder_norm"
         yield f"{stack}.final_layer_norm.weight", (stack, norm, "scale"), same()
     if not cfg.logits_via_embedding:
@@ -162,14 +179,15 @@ def _read_json(path: str, what: str) -> dict[str, Any]:
     except OSError as e:
         raise CheckpointError(f"{path} cannot be read ({e.strerror or e}); {what}") from None
     except UnicodeDecodeError as e:
-        raise CheckpointError(f"{path} is not UTF-8 text (byte {e.object[e.start]:#04x} at "
-                              f"offset {e.start}); {what}") from None
+        raise CheckpointError(
+            f"{path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); {what}"
+        ) from None
     except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}:{e.lineno}: not valid JSON ({e.msg} at column "
-                              f"{e.colno}); {what}") from None
+        raise CheckpointError(
+            f"{path}:{e.lineno}: not valid JSON ({e.msg} at column {e.colno}); {what}"
+        ) from None
     if not isinstance(value, dict):
-        raise CheckpointError(f"{path} holds a JSON {type(value).__name__}, not an object; "
-                              f"{what}")
+        raise CheckpointError(f"{path} holds a JSON {type(value).__name__}, not an object; {what}")
     return value
 
 
@@ -178,12 +196,15 @@ def shard_files(checkpoint_dir: str, index_name: str) -> list[str]:
     `pytorch_model.bin.index.json`) lists, every one checked to be present before any is
     read: a partial download is named, not a traceback halfway through the tensors."""
     index_path = os.path.join(checkpoint_dir, index_name)
-    redo = ("re-download or re-save the checkpoint (transformers' save_pretrained writes it "
-            "with its shards).")
+    redo = (
+        "re-download or re-save the checkpoint (transformers' save_pretrained writes it "
+        "with its shards)."
+    )
     weight_map = _read_json(index_path, redo).get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
-        raise CheckpointError(f"{index_path} has no 'weight_map' of tensor names to shard "
-                              f"files; {redo}")
+        raise CheckpointError(
+            f"{index_path} has no 'weight_map' of tensor names to shard files; {redo}"
+        )
     files = sorted(set(map(str, weight_map.values())))
     missing = [n for n in files if not os.path.isfile(os.path.join(checkpoint_dir, n))]
     if missing:
@@ -191,7 +212,8 @@ def shard_files(checkpoint_dir: str, index_name: str) -> list[str]:
             f"{index_path} lists {len(files)} shard(s), but {len(missing)} are not in "
             f"{checkpoint_dir}: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}. "
             "The download is incomplete: fetch the missing file(s) again (e.g. "
-            "`huggingface-cli download REPO --local-dir DIR`).")
+            "`huggingface-cli download REPO --local-dir DIR`)."
+        )
     return files
 
 
@@ -205,9 +227,11 @@ def read_safetensors(checkpoint_dir: str) -> dict[str, Tensor]:
     elif os.path.exists(os.path.join(checkpoint_dir, "model.safetensors")):
         files = ["model.safetensors"]
     else:
-        raise CheckpointError(f"No model.safetensors, model.safetensors.index.json or "
-                              f"pytorch_model.bin in {checkpoint_dir}; a HuggingFace "
-                              "checkpoint directory holds config.json and its weights.")
+        raise CheckpointError(
+            f"No model.safetensors, model.safetensors.index.json or "
+            f"pytorch_model.bin in {checkpoint_dir}; a HuggingFace "
+            "checkpoint directory holds config.json and its weights."
+        )
     paths = [os.path.join(checkpoint_dir, name) for name in files]
     total_bytes = sum(map(_safetensors_data_bytes, paths))  # every shard checked before any read
     tensors: dict[str, Tensor] = {}
@@ -237,40 +261,52 @@ def _safetensors_data_bytes(path: str) -> int:
     little-endian header length, a JSON header of `data_offsets`, then the data), checked
     against the file's size, so a cut-off download is named before any shard is read and a bar
     over the data ends at exactly 100%."""
-    unreadable = (f"{path} is not a readable safetensors file ({{}}); it may be truncated: "
-                  "fetch it again.")
+    unreadable = (
+        f"{path} is not a readable safetensors file ({{}}); it may be truncated: fetch it again."
+    )
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as f:
             prefix = f.read(8)
             header_bytes = int.from_bytes(prefix, "little")
-            if (len(prefix) < 8 or 8 + header_bytes > size
-                    or header_bytes > _MAX_SAFETENSORS_HEADER):
-                raise CheckpointError(unreadable.format(
-                    f"{size} bytes; its header length says {header_bytes}"))
+            if len(prefix) < 8 or 8 + header_bytes > size or header_bytes > _MAX_SAFETENSORS_HEADER:
+                raise CheckpointError(
+                    unreadable.format(f"{size} bytes; its header length says {header_bytes}")
+                )
             header = json.loads(f.read(header_bytes))
-        data = max((int(entry["data_offsets"][1]) for name, entry in header.items()
-                    if name != "__metadata__"), default=0)
+        data = max(
+            (
+                int(entry["data_offsets"][1])
+                for name, entry in header.items()
+                if name != "__metadata__"
+            ),
+            default=0,
+        )
     except CheckpointError:
         raise
     except OSError as e:
-        raise CheckpointError(f"{path} cannot be read ({e.strerror or e}); check the file and "
-                              "its permissions, or fetch it again.") from None
+        raise CheckpointError(
+            f"{path} cannot be read ({e.strerror or e}); check the file and "
+            "its permissions, or fetch it again."
+        ) from None
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError):
-        raise CheckpointError(unreadable.format("its header is not safetensors JSON")
-                              ) from None
+        raise CheckpointError(unreadable.format("its header is not safetensors JSON")) from None
     if 8 + header_bytes + data > size:
-        raise CheckpointError(unreadable.format(
-            f"it holds {size - 8 - header_bytes} of the {data} bytes of tensor data its "
-            "header lists"))
+        raise CheckpointError(
+            unreadable.format(
+                f"it holds {size - 8 - header_bytes} of the {data} bytes of tensor data its "
+                "header lists"
+            )
+        )
     return data
 
 
 def _read_progress(total_bytes: int):
     """The bar a conversion's read shows: bytes read of the checkpoint, with rate and ETA (an
     11B model is 45 GB; its read is where a conversion spends its time)."""
-    return logs.progress(desc="convert read", total=total_bytes, unit="B", unit_scale=True,
-                         unit_divisor=1024)
+    return logs.progress(
+        desc="convert read", total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024
+    )
 
 
 def _torch_load(path: str) -> dict[str, Tensor]:
@@ -283,7 +319,8 @@ def _torch_load(path: str) -> dict[str, Tensor]:
         raise CheckpointError(
             f"{path} was not loaded: it holds more than tensors (torch's weights-only "
             f"loader refused it: {str(e).splitlines()[0][:200]}), and unpickling such a file "
-            "could run code. Use a safetensors copy of the checkpoint.") from None
+            "could run code. Use a safetensors copy of the checkpoint."
+        ) from None
     except Exception as e:  # noqa: BLE001 - RuntimeError, EOFError, ...: not a whole file
         raise CheckpointError(
             f"{path} is not a readable PyTorch file ({str(e).splitlines()[0][:200]}); it may "
@@ -307,9 +344,11 @@ def read_tensors(checkpoint_dir: str) -> dict[str, Tensor]:
     try:
         import torch  # noqa: F401
     except ImportError as e:
-        raise CheckpointError(f"{bin_path} is a PyTorch pickle file; reading it safely needs "
-                              "torch (pip install torch==2.13.0), or convert it to safetensors "
-                              "with transformers' save_pretrained(...).") from e
+        raise CheckpointError(
+            f"{bin_path} is a PyTorch pickle file; reading it safely needs "
+            "torch (pip install torch==2.13.0), or convert it to safetensors "
+            "with transformers' save_pretrained(...)."
+        ) from e
     paths = [os.path.join(checkpoint_dir, name) for name in files]
     tensors: dict[str, Tensor] = {}
     with _read_progress(sum(map(os.path.getsize, paths))) as bar:
@@ -324,10 +363,14 @@ def read_config(checkpoint_dir: str) -> dict[str, Any]:
     is a CheckpointError naming it."""
     path = os.path.join(checkpoint_dir, "config.json")
     if not os.path.exists(path):
-        raise CheckpointError(f"No config.json in {checkpoint_dir}; a HuggingFace checkpoint "
-                              "directory holds config.json and model.safetensors.")
-    return _read_json(path, "it should be the config.json transformers' save_pretrained "
-                            "writes: fetch or re-save it.")
+        raise CheckpointError(
+            f"No config.json in {checkpoint_dir}; a HuggingFace checkpoint "
+            "directory holds config.json and model.safetensors."
+        )
+    return _read_json(
+        path,
+        "it should be the config.json transformers' save_pretrained writes: fetch or re-save it.",
+    )
 
 
 def params_from_hf(tensors: dict[str, Tensor], cfg: T5Config) -> Params:
@@ -342,15 +385,18 @@ def params_from_hf(tensors: dict[str, Tensor], cfg: T5Config) -> Params:
     for alias in _TIED_ALIASES:
         if alias in tensors:
             if shared is None or not np.array_equal(tensors[alias], shared):
-                raise CheckpointError(f"Tensor {alias} differs from shared.weight; T5 shares one "
-                                      "embedding between encoder and decoder.")
+                raise CheckpointError(
+                    f"Tensor {alias} differs from shared.weight; T5 shares one "
+                    "embedding between encoder and decoder."
+                )
             del tensors[alias]
     if cfg.logits_via_embedding and "lm_head.weight" in tensors:
         if shared is None or not np.array_equal(tensors["lm_head.weight"], shared):
             raise CheckpointError(
                 "Tensor lm_head.weight differs from shared.weight, but config.json describes the "
                 "tied v1.0 layout (decoder outputs scaled by d_model**-0.5). Set "
-                "scale_decoder_outputs=false / tie_word_embeddings=false for a v1.1 checkpoint.")
+                "scale_decoder_outputs=false / tie_word_embeddings=false for a v1.1 checkpoint."
+            )
         del tensors["lm_head.weight"]
 
     params: Params = {}
@@ -365,12 +411,16 @@ def params_from_hf(tensors: dict[str, Tensor], cfg: T5Config) -> Params:
             node = node.setdefault(key, {})
         node[path[-1]] = value
     if missing:
-        raise CheckpointError(f"Missing tensor(s) in the checkpoint: {', '.join(missing[:10])}"
-                              + (f" and {len(missing) - 10} more" if len(missing) > 10 else ""))
+        raise CheckpointError(
+            f"Missing tensor(s) in the checkpoint: {', '.join(missing[:10])}"
+            + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+        )
     if tensors:
-        raise CheckpointError(f"Unknown tensor(s) in the checkpoint: "
-                              f"{', '.join(sorted(tensors)[:10])} — is this a T5 checkpoint of "
-                              "the size config.json describes?")
+        raise CheckpointError(
+            f"Unknown tensor(s) in the checkpoint: "
+            f"{', '.join(sorted(tensors)[:10])} — is this a T5 checkpoint of "
+            "the size config.json describes?"
+        )
     return params
 
 
@@ -378,15 +428,18 @@ def check_shapes(params: Params, expected: Params, cfg: T5Config) -> None:
     """Compare imported shapes with the model's; the error names the HF tensor."""
     import jax
 
-    flat = {tuple(k.key for k in path): v for path, v in
-            jax.tree_util.tree_leaves_with_path(params)}
-    want = {tuple(k.key for k in path): v for path, v in
-            jax.tree_util.tree_leaves_with_path(expected)}
+    flat = {
+        tuple(k.key for k in path): v for path, v in jax.tree_util.tree_leaves_with_path(params)
+    }
+    want = {
+        tuple(k.key for k in path): v for path, v in jax.tree_util.tree_leaves_with_path(expected)
+    }
     for hf_name, path, _ in name_map(cfg):
         if tuple(flat[path].shape) != tuple(want[path].shape):
             raise CheckpointError(
                 f"Tensor {hf_name} gives shape {tuple(flat[path].shape)} for {'/'.join(path)}, "
-                f"but config.json implies {tuple(want[path].shape)}.")
+                f"but config.json implies {tuple(want[path].shape)}."
+            )
 
 
 def load_hf_checkpoint(checkpoint_dir: str) -> tuple[T5Config, Params]:
@@ -408,23 +461,35 @@ def hf_config(cfg: T5Config) -> dict[str, Any]:
     way the model uses it."""
     proj = {v: k for k, v in _ACTIVATIONS.items() if k != "gated-gelu_new"}
     if cfg.mlp_activations not in proj:
-        raise CheckpointError(f"transformers' T5 has no feed-forward layer for activations "
-                              f"{cfg.mlp_activations}; supported: {sorted(proj)}.")
+        raise CheckpointError(
+            f"transformers' T5 has no feed-forward layer for activations "
+            f"{cfg.mlp_activations}; supported: {sorted(proj)}."
+        )
     if cfg.shared_encoder_decoder:
-        raise CheckpointError("transformers' T5 has no shared encoder-decoder; this checkpoint "
-                              "stays in this codebase's format.")
+        raise CheckpointError(
+            "transformers' T5 has no shared encoder-decoder; this checkpoint "
+            "stays in this codebase's format."
+        )
     return {
-        "architectures": ["T5ForConditionalGeneration"], "model_type": "t5",
-        "vocab_size": cfg.vocab_size, "d_model": cfg.emb_dim, "num_heads": cfg.num_heads,
-        "d_kv": cfg.head_dim, "d_ff": cfg.mlp_dim, "num_layers": cfg.num_encoder_layers,
+        "architectures": ["T5ForConditionalGeneration"],
+        "model_type": "t5",
+        "vocab_size": cfg.vocab_size,
+        "d_model": cfg.emb_dim,
+        "num_heads": cfg.num_heads,
+        "d_kv": cfg.head_dim,
+        "d_ff": cfg.mlp_dim,
+        "num_layers": cfg.num_encoder_layers,
         "num_decoder_layers": cfg.num_decoder_layers,
-        "feed_forward_proj": proj[cfg.mlp_activations], "dropout_rate": cfg.dropout_rate,
+        "feed_forward_proj": proj[cfg.mlp_activations],
+        "dropout_rate": cfg.dropout_rate,
         "relative_attention_num_buckets": cfg.relative_attention_num_buckets,
         "relative_attention_max_distance": cfg.relative_attention_max_distance,
         "layer_norm_epsilon": cfg.layer_norm_epsilon,
         "tie_word_embeddings": cfg.logits_via_embedding,
         "scale_decoder_outputs": cfg.logits_via_embedding,
-        "is_encoder_decoder": True, "pad_token_id": 0, "eos_token_id": 1,
+        "is_encoder_decoder": True,
+        "pad_token_id": 0,
+        "eos_token_id": 1,
         "decoder_start_token_id": 0,
     }
 
@@ -450,5 +515,8 @@ def save_hf_checkpoint(directory: str, params: Params, cfg: T5Config) -> None:
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(hf_config(cfg), f, indent=2)
-    save_file(params_to_hf(params, cfg), os.path.join(directory, "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(
+        params_to_hf(params, cfg),
+        os.path.join(directory, "model.safetensors"),
+        metadata={"format": "pt"},
+    )

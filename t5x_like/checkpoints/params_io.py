@@ -27,7 +27,7 @@ Params = Any
 REPLICA_PARALLEL_MIN_SLICE_BYTES = 16 << 20
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def use_array_handler_for_this_job() -> None:
     """Register orbax's jax.Array handler with replica-parallel saving only across hosts and
     for slices of at least REPLICA_PARALLEL_MIN_SLICE_BYTES (once per process; the files a
@@ -36,27 +36,38 @@ def use_array_handler_for_this_job() -> None:
         jax.Array,
         ocp.type_handlers.ArrayHandler(
             use_replica_parallel=jax.process_count() > 1,
-            min_slice_bytes_for_replica_parallel=REPLICA_PARALLEL_MIN_SLICE_BYTES),
-        override=True)
+            min_slice_bytes_for_replica_parallel=REPLICA_PARALLEL_MIN_SLICE_BYTES,
+        ),
+        override=True,
+    )
 
 
-def orbax_manager(directory: str, item_handlers: Any = None,
-                  **options: Any) -> ocp.CheckpointManager:
+def orbax_manager(
+    directory: str, item_handlers: Any = None, **options: Any
+) -> ocp.CheckpointManager:
     """An orbax CheckpointManager on `directory` (a local path or bucket URL) with `options`
     (CheckpointManagerOptions fields), saving through this job's array handler
     (`use_array_handler_for_this_job`)."""
     use_array_handler_for_this_job()
-    return ocp.CheckpointManager(storage.resolve(directory), item_handlers=item_handlers,
-                                 options=ocp.CheckpointManagerOptions(**options))
+    return ocp.CheckpointManager(
+        storage.resolve(directory),
+        item_handlers=item_handlers,
+        options=ocp.CheckpointManagerOptions(**options),
+    )
 
 
-def save_params(directory: str, params: Params, config: T5Config, step: int = 0,
-                keep: int | None = None) -> str:
+def save_params(
+    directory: str, params: Params, config: T5Config, step: int = 0, keep: int | None = None
+) -> str:
     """Write `params` and `config` as step `step` of an orbax checkpoint directory (keeping
     the newest `keep` steps; None keeps all)."""
     with orbax_manager(directory, max_to_keep=keep, create=True) as manager:
-        manager.save(step, args=ocp.args.Composite(
-            params=ocp.args.StandardSave(params), config=ocp.args.JsonSave(config.to_json())))
+        manager.save(
+            step,
+            args=ocp.args.Composite(
+                params=ocp.args.StandardSave(params), config=ocp.args.JsonSave(config.to_json())
+            ),
+        )
         manager.wait_until_finished()
     return os.path.join(storage.resolve(directory), str(step))
 
@@ -84,23 +95,32 @@ def config_from_json(data: dict) -> Any:
     return T5Config(**data)
 
 
-def restore_params(directory: str, abstract_params: Params,
-                   step: int | None = None) -> Params:
+def restore_params(directory: str, abstract_params: Params, step: int | None = None) -> Params:
     """Parameters restored onto the shardings/dtypes of `abstract_params` (ShapeDtypeStructs)."""
     with orbax_manager(directory) as manager:
         step = manager.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"No checkpoint in {directory}.")
-        restored = manager.restore(step, args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(abstract_params)))
+        restored = manager.restore(
+            step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params))
+        )
     return restored["params"]
 
 
 # Fields that decide parameter shapes and meaning; dropout, dtype and the like may differ
 # between pretraining and fine-tuning.
-ARCHITECTURE_FIELDS = ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim",
-                       "num_encoder_layers", "num_decoder_layers", "mlp_activations",
-                       "logits_via_embedding", "relative_attention_num_buckets")
+ARCHITECTURE_FIELDS = (
+    "vocab_size",
+    "emb_dim",
+    "num_heads",
+    "head_dim",
+    "mlp_dim",
+    "num_encoder_layers",
+    "num_decoder_layers",
+    "mlp_activations",
+    "logits_via_embedding",
+    "relative_attention_num_buckets",
+)
 
 
 # How a step is computed, not what the model is: a resumed run may change them.
@@ -120,19 +140,30 @@ def check_compatible(saved: T5Config, config: T5Config, where: str) -> None:
     from t5x_like.errors import ConfigError
 
     if type(saved) is not type(config):
-        raise ConfigError(f"The checkpoint in {where} is a {type(saved).__name__} model, not a "
-                          f"{type(config).__name__} one; use a model gin file of its family.")
+        raise ConfigError(
+            f"The checkpoint in {where} is a {type(saved).__name__} model, not a "
+            f"{type(config).__name__} one; use a model gin file of its family."
+        )
     fields = getattr(type(config), "ARCHITECTURE_FIELDS", ARCHITECTURE_FIELDS)
-    diffs = [f"{k}: checkpoint {getattr(saved, k)!r} vs config {getattr(config, k)!r}"
-             for k in fields if getattr(saved, k) != getattr(config, k)]
+    diffs = [
+        f"{k}: checkpoint {getattr(saved, k)!r} vs config {getattr(config, k)!r}"
+        for k in fields
+        if getattr(saved, k) != getattr(config, k)
+    ]
     if diffs:
-        raise ConfigError(f"The checkpoint in {where} does not fit this model ({'; '.join(diffs)}"
-                          "). Use the checkpoint's model gin file (or its vocabulary).")
+        raise ConfigError(
+            f"The checkpoint in {where} does not fit this model ({'; '.join(diffs)}"
+            "). Use the checkpoint's model gin file (or its vocabulary)."
+        )
 
 
-def load_pretrained(path: str, config: Any, abstract_params: Params,
-                    step: int | None = None,
-                    fresh_params: Callable[[], Params] | None = None) -> Params:
+def load_pretrained(
+    path: str,
+    config: Any,
+    abstract_params: Params,
+    step: int | None = None,
+    fresh_params: Callable[[], Params] | None = None,
+) -> Params:
     """Parameters of a pretrained checkpoint for `config`, checked first, restored onto the
     shardings of `abstract_params`.
 
@@ -146,8 +177,10 @@ def load_pretrained(path: str, config: Any, abstract_params: Params,
     except FileNotFoundError as e:
         from t5x_like.errors import ConfigError
 
-        raise ConfigError(f"No checkpoint in {directory}: give a run's MODEL_DIR or a "
-                          "checkpoint directory (python -m t5x_like.convert writes one).") from e
+        raise ConfigError(
+            f"No checkpoint in {directory}: give a run's MODEL_DIR or a "
+            "checkpoint directory (python -m t5x_like.convert writes one)."
+        ) from e
     check_compatible(saved, config, directory)
     saved_scanned = getattr(saved, "scan_layers", False)
     if saved_scanned == getattr(config, "scan_layers", False):
@@ -158,17 +191,27 @@ def load_pretrained(path: str, config: Any, abstract_params: Params,
     from t5x_like.checkpoints import scan_layout
 
     as_saved = scan_layout.to_layout(abstract_params, saved_scanned)
-    fresh_as_saved = (None if fresh_params is None else
-                      lambda: scan_layout.to_layout(fresh_params(), saved_scanned))
+    fresh_as_saved = (
+        None
+        if fresh_params is None
+        else lambda: scan_layout.to_layout(fresh_params(), saved_scanned)
+    )
     params = _restore_pretrained(directory, step, as_saved, fresh_as_saved)
     params = scan_layout.to_layout(params, not saved_scanned)
-    print(f"From {directory}: converted the {'scanned' if saved_scanned else 'per-layer'} "
-          f"layers to the {'per-layer' if saved_scanned else 'scanned'} layout.", flush=True)
+    print(
+        f"From {directory}: converted the {'scanned' if saved_scanned else 'per-layer'} "
+        f"layers to the {'per-layer' if saved_scanned else 'scanned'} layout.",
+        flush=True,
+    )
     return jax.device_put(params, jax.tree_util.tree_map(lambda a: a.sharding, abstract_params))
 
 
-def _restore_pretrained(directory: str, step: int | None, abstract_params: Params,
-                        fresh_params: Callable[[], Params] | None) -> Params:
+def _restore_pretrained(
+    directory: str,
+    step: int | None,
+    abstract_params: Params,
+    fresh_params: Callable[[], Params] | None,
+) -> Params:
     saved_tree = _saved_structure(directory, step)
     if set(saved_tree) == set(abstract_params) or fresh_params is None:
         return restore_params(directory, abstract_params, step)
@@ -183,7 +226,8 @@ def restore_saved_params(directory: str, step: int | None = None) -> Params:
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     abstract = jax.tree_util.tree_map(
         lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=device),
-        _saved_structure(directory, step))
+        _saved_structure(directory, step),
+    )
     return restore_params(directory, abstract, step)
 
 
@@ -197,14 +241,21 @@ def _saved_structure(directory: str, step: int | None) -> dict:
     return dict(getattr(tree, "tree", tree))
 
 
-def _graft(directory: str, step: int | None, saved_tree: dict, abstract_params: Params,
-           fresh_params: Callable[[], Params]) -> Params:
+def _graft(
+    directory: str,
+    step: int | None,
+    saved_tree: dict,
+    abstract_params: Params,
+    fresh_params: Callable[[], Params],
+) -> Params:
     from t5x_like.errors import ConfigError
 
     shared = [k for k in abstract_params if k in saved_tree]
     if not shared:
-        raise ConfigError(f"The checkpoint in {directory} shares no module with this model "
-                          f"(checkpoint: {sorted(saved_tree)}; model: {sorted(abstract_params)}).")
+        raise ConfigError(
+            f"The checkpoint in {directory} shares no module with this model "
+            f"(checkpoint: {sorted(saved_tree)}; model: {sorted(abstract_params)})."
+        )
     wanted = {k: abstract_params[k] for k in shared}
     as_saved, grown = _saved_shapes(wanted, {k: saved_tree[k] for k in shared}, directory)
     restored = restore_params(directory, as_saved, step)
@@ -215,9 +266,12 @@ def _graft(directory: str, step: int | None, saved_tree: dict, abstract_params: 
     params.update(restored)
     new = sorted(k for k in abstract_params if k not in saved_tree)
     dropped = sorted(k for k in saved_tree if k not in abstract_params)
-    print(f"From {directory}: {', '.join(shared)}; newly initialised: {', '.join(new) or '-'}; "
-          f"unused from the checkpoint: {', '.join(dropped) or '-'}"
-          + "".join(f"; {g}" for g in grown), flush=True)
+    print(
+        f"From {directory}: {', '.join(shared)}; newly initialised: {', '.join(new) or '-'}; "
+        f"unused from the checkpoint: {', '.join(dropped) or '-'}"
+        + "".join(f"; {g}" for g in grown),
+        flush=True,
+    )
     return params
 
 
@@ -237,12 +291,15 @@ def _saved_shapes(wanted: Params, saved: dict, directory: str) -> tuple[Params, 
             return leaf
         name = "/".join(str(getattr(k, "key", k)) for k in path)
         if shape[1:] != saved_shape[1:] or shape[0] < saved_shape[0]:
-            raise ConfigError(f"{name} is {saved_shape} in the checkpoint in {directory} but "
-                              f"{shape} in this model.")
-        grown.append(f"{name} extended from {saved_shape[0]} to {shape[0]} rows (new rows "
-                     "freshly initialised)")
-        replicated = jax.sharding.NamedSharding(leaf.sharding.mesh,
-                                                jax.sharding.PartitionSpec())
+            raise ConfigError(
+                f"{name} is {saved_shape} in the checkpoint in {directory} but "
+                f"{shape} in this model."
+            )
+        grown.append(
+            f"{name} extended from {saved_shape[0]} to {shape[0]} rows (new rows "
+            "freshly initialised)"
+        )
+        replicated = jax.sharding.NamedSharding(leaf.sharding.mesh, jax.sharding.PartitionSpec())
         return jax.ShapeDtypeStruct(saved_shape, leaf.dtype, sharding=replicated)
 
     return jax.tree_util.tree_map_with_path(target, wanted, saved), grown
@@ -257,7 +314,7 @@ def _grow_rows(restored: Params, fresh: Params, wanted: Params) -> Params:
         if old.shape == tuple(leaf.shape):
             return old
         rows = jax.device_get(new_init).copy()
-        rows[:old.shape[0]] = jax.device_get(old)
+        rows[: old.shape[0]] = jax.device_get(old)
         return jax.device_put(rows, leaf.sharding)
 
     return jax.tree_util.tree_map(grow, restored, {k: fresh[k] for k in restored}, wanted)

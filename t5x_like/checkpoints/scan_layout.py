@@ -26,8 +26,9 @@ _LAYER_NAME = re.compile(r"^layers_(\d+)$")
 
 def is_scanned(params: Mapping) -> bool:
     """Whether any stack in `params` is in the scanned layout."""
-    return any(k == SCANNED_STACK or (isinstance(v, Mapping) and is_scanned(v))
-               for k, v in params.items())
+    return any(
+        k == SCANNED_STACK or (isinstance(v, Mapping) and is_scanned(v)) for k, v in params.items()
+    )
 
 
 def to_layout(params: Params, scanned: bool) -> Params:
@@ -46,7 +47,8 @@ def stack_layers(params: Params) -> Params:
         if [i for i, _ in numbered] != list(range(len(numbered))):
             raise ValueError(f"Layers {[k for _, k in numbered]} are not numbered 0..N-1.")
         out[SCANNED_STACK] = jax.tree_util.tree_map(
-            lambda *leaves: _stack(leaves), *[params[k] for _, k in numbered])
+            lambda *leaves: _stack(leaves), *[params[k] for _, k in numbered]
+        )
     return out
 
 
@@ -68,8 +70,11 @@ def unstack_layers(params: Params) -> Params:
 def _stack(leaves: tuple) -> Any:
     first = leaves[0]
     if isinstance(first, jax.ShapeDtypeStruct):
-        return jax.ShapeDtypeStruct((len(leaves), *first.shape), first.dtype,
-                                    sharding=_layer_axis_sharding(first.sharding, add=True))
+        return jax.ShapeDtypeStruct(
+            (len(leaves), *first.shape),
+            first.dtype,
+            sharding=_layer_axis_sharding(first.sharding, add=True),
+        )
     if isinstance(first, jax.Array):
         return jax.numpy.stack(leaves)
     return np.stack(leaves)
@@ -77,8 +82,9 @@ def _stack(leaves: tuple) -> Any:
 
 def _index(leaf: Any, i: int) -> Any:
     if isinstance(leaf, jax.ShapeDtypeStruct):
-        return jax.ShapeDtypeStruct(leaf.shape[1:], leaf.dtype,
-                                    sharding=_layer_axis_sharding(leaf.sharding, add=False))
+        return jax.ShapeDtypeStruct(
+            leaf.shape[1:], leaf.dtype, sharding=_layer_axis_sharding(leaf.sharding, add=False)
+        )
     return leaf[i]
 
 
@@ -91,7 +97,9 @@ def _layer_axis_sharding(sharding: Any, add: bool) -> Any:
         spec = (None, *spec)
     else:
         if spec and spec[0] is not None:
-            raise ValueError(f"The layer axis of a scanned stack is sharded ({sharding.spec}); "
-                             "it must be replicated.")
+            raise ValueError(
+                f"The layer axis of a scanned stack is sharded ({sharding.spec}); "
+                "it must be replicated."
+            )
         spec = spec[1:]
     return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*spec))

@@ -1,12 +1,13 @@
 """C4's cleaning (T5 paper, section 2.2) for your own web-extracted text.
 
-    python -m t5x_like.data.c4_clean --input 'crawl/*.jsonl.gz' --output clean/c4-train.00000-of-00001.json.gz \\
+    python -m t5x_like.data.c4_clean --input 'crawl/*.jsonl.gz' \\
+        --output clean/c4-train.00000-of-00001.json.gz \\
         --bad_words_file ldnoobw_en.txt [--language en] [--rules tfds|paper]
 
 Input: JSONL (optionally gzipped) with a `text` field per page (`url`, `timestamp` are kept),
 or plain `.txt` files holding one page each. Output: JSONL in C4's layout
-(`{"text", "url", "timestamp"}`), which `t5x_like/data/text_files.py` reads directly. Prints how many
-lines and pages each rule removed.
+(`{"text", "url", "timestamp"}`), which `t5x_like/data/text_files.py` reads directly. Prints how
+many lines and pages each rule removed.
 
 Two rule sets, because the paper's prose and the code that built C4 (TensorFlow Datasets'
 `c4.py` / `c4_utils.py`) differ in places:
@@ -72,8 +73,14 @@ MIN_SENTENCES_PER_PAGE = 3
 MAX_WORD_LENGTH = 1000
 MAX_PAGE_CHARACTERS = 190_000
 DEDUP_SPAN_SENTENCES = 3
-POLICY_SUBSTRINGS = ("terms of use", "privacy policy", "cookie policy", "uses cookies",
-                     "use of cookies", "use cookies")
+POLICY_SUBSTRINGS = (
+    "terms of use",
+    "privacy policy",
+    "cookie policy",
+    "uses cookies",
+    "use of cookies",
+    "use cookies",
+)
 TFDS_END_MARKS = (".", "?", "!", '"')
 PAPER_END_MARKS = (".", "!", "?", '"', "”")
 TFDS_CITATION = re.compile(r"\[\d*\]|\[edit\]|\[citation needed\]")
@@ -125,11 +132,14 @@ def punkt_sentences() -> SentenceSplitter:
     """NLTK's English punkt model, which TFDS's C4 counts sentences with."""
     try:
         from nltk.tokenize import PunktTokenizer
+
         return PunktTokenizer("english").tokenize
     except LookupError as e:
-        raise SystemExit("--sentence_splitter punkt needs NLTK's punkt data: run "
-                         "`python -m nltk.downloader punkt_tab` (or use the default regex "
-                         "splitter).") from e
+        raise SystemExit(
+            "--sentence_splitter punkt needs NLTK's punkt data: run "
+            "`python -m nltk.downloader punkt_tab` (or use the default regex "
+            "splitter)."
+        ) from e
 
 
 def load_bad_words(path: str) -> frozenset[str]:
@@ -168,8 +178,9 @@ def langdetect_english(threshold: float = 0.99) -> LanguageFilter:
     try:
         import langdetect
     except ImportError as e:
-        raise SystemExit("The language filter needs langdetect: pip install langdetect "
-                         "(or drop --language).") from e
+        raise SystemExit(
+            "The language filter needs langdetect: pip install langdetect (or drop --language)."
+        ) from e
     langdetect.DetectorFactory.seed = 0
 
     def is_english(text: str) -> bool:
@@ -185,9 +196,12 @@ def langdetect_english(threshold: float = 0.99) -> LanguageFilter:
 class _Cleaner:
     """What both rule sets share: the report, bad words, language and sentence counting."""
 
-    def __init__(self, bad_words: Iterable[str] | None = None,
-                 language_filter: LanguageFilter | None = None,
-                 sentence_splitter: SentenceSplitter = split_sentences) -> None:
+    def __init__(
+        self,
+        bad_words: Iterable[str] | None = None,
+        language_filter: LanguageFilter | None = None,
+        sentence_splitter: SentenceSplitter = split_sentences,
+    ) -> None:
         self.report = CleaningReport()
         self._bad_words = _bad_words_pattern(bad_words or ())
         if self._bad_words is None:
@@ -216,8 +230,7 @@ class C4Cleaner(_Cleaner):
     one page that keeps each repeated line are known only then.
     """
 
-    def clean_lines(self, text: str, removed: collections.Counter | None = None
-                    ) -> list[str] | str:
+    def clean_lines(self, text: str, removed: collections.Counter | None = None) -> list[str] | str:
         """TFDS `clean_page`'s line loop: the kept lines, or the page rule that drops the page.
 
         Removed lines are counted in `removed` (default: the report)."""
@@ -256,8 +269,10 @@ class C4Cleaner(_Cleaner):
         for page in pages:
             self.report.pages_in += 1
             if not page.url:
-                raise ValueError("C4's rules de-duplicate pages by URL: give every page a url "
-                                 f"(page {self.report.pages_in} has none).")
+                raise ValueError(
+                    "C4's rules de-duplicate pages by URL: give every page a url "
+                    f"(page {self.report.pages_in} has none)."
+                )
             page = Page(wet_text(page.text), page.url, str(page.timestamp or ""))
             if not page.text:
                 self._remove("empty_page")
@@ -358,7 +373,7 @@ class PaperWordingCleaner(_Cleaner):
         sentences = [(i, s) for i, line in enumerate(lines) for s in self._sentences(line)]
         drop = set()
         for start in range(len(sentences) - DEDUP_SPAN_SENTENCES + 1):
-            window = sentences[start:start + DEDUP_SPAN_SENTENCES]
+            window = sentences[start : start + DEDUP_SPAN_SENTENCES]
             key = hashlib.md5("\n".join(s for _, s in window).encode()).digest()
             if key in self._seen_spans:
                 drop.update(range(start, start + DEDUP_SPAN_SENTENCES))
@@ -412,8 +427,9 @@ def _bytes_read(f: io.TextIOWrapper) -> int:
     return raw.tell()
 
 
-def read_pages(paths: Sequence[str], text_key: str = "text",
-               on_read: Callable[[int], object] | None = None) -> Iterator[Page]:
+def read_pages(
+    paths: Sequence[str], text_key: str = "text", on_read: Callable[[int], object] | None = None
+) -> Iterator[Page]:
     """JSONL(.gz) with `text_key` per line, or .txt files of one page each (its path is its
     url). `on_read(n)` is told each time n more bytes of the files on disk were read."""
     for path in paths:
@@ -435,61 +451,109 @@ def read_pages(paths: Sequence[str], text_key: str = "text",
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise SystemExit(f"{path}:{n} is not JSON ({e}); give JSONL with a "
-                                     f"{text_key!r} field or .txt files.") from e
+                    raise SystemExit(
+                        f"{path}:{n} is not JSON ({e}); give JSONL with a "
+                        f"{text_key!r} field or .txt files."
+                    ) from e
                 if text_key not in record:
-                    raise SystemExit(f"{path}:{n} has no {text_key!r} field (fields: "
-                                     f"{sorted(record)}); set --text_key.")
+                    raise SystemExit(
+                        f"{path}:{n} has no {text_key!r} field (fields: "
+                        f"{sorted(record)}); set --text_key."
+                    )
                 # C4's rules key pages by URL: one without is named by its place.
-                yield Page(record[text_key], record.get("url") or f"{path}:{n}",
-                           record.get("timestamp", ""))
+                yield Page(
+                    record[text_key],
+                    record.get("url") or f"{path}:{n}",
+                    record.get("timestamp", ""),
+                )
         if on_read:
             on_read(os.path.getsize(path) - done)
 
 
 def write_pages(pages: Iterable[Page], path: str) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    opener = gzip.open(path, "wt", encoding="utf-8") if path.endswith(".gz") else open(
-        path, "w", encoding="utf-8")
+    opener = (
+        gzip.open(path, "wt", encoding="utf-8")
+        if path.endswith(".gz")
+        else open(path, "w", encoding="utf-8")
+    )
     n = 0
     with opener as f:
         for page in pages:
-            f.write(json.dumps({"text": page.text, "url": page.url,
-                                "timestamp": page.timestamp}, ensure_ascii=False) + "\n")
+            f.write(
+                json.dumps(
+                    {"text": page.text, "url": page.url, "timestamp": page.timestamp},
+                    ensure_ascii=False,
+                )
+                + "\n"
+            )
             n += 1
     return n
 
 
 def main(argv: Sequence[str] | None = None) -> CleaningReport:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--input", action="append", required=True,
-                        help="file or glob (repeatable): JSONL(.gz) pages or .txt files")
+    parser.add_argument(
+        "--input",
+        action="append",
+        required=True,
+        help="file or glob (repeatable): JSONL(.gz) pages or .txt files",
+    )
     parser.add_argument("--output", required=True, help="JSONL(.gz) in C4's layout")
     parser.add_argument("--text_key", default="text")
-    parser.add_argument("--bad_words_file", default=None,
-                        help="the LDNOOBW list for your language, one entry per line")
-    parser.add_argument("--language", default=None, choices=["en"],
-                        help="keep pages langdetect calls English with p >= 0.99")
-    parser.add_argument("--rules", default="tfds", choices=RULES,
-                        help="tfds: what built C4 (default); paper: section 2.2's wording")
-    parser.add_argument("--sentence_splitter", default="regex", choices=["regex", "punkt"],
-                        help="punkt: NLTK's English model, as TFDS counts (needs its data)")
+    parser.add_argument(
+        "--bad_words_file",
+        default=None,
+        help="the LDNOOBW list for your language, one entry per line",
+    )
+    parser.add_argument(
+        "--language",
+        default=None,
+        choices=["en"],
+        help="keep pages langdetect calls English with p >= 0.99",
+    )
+    parser.add_argument(
+        "--rules",
+        default="tfds",
+        choices=RULES,
+        help="tfds: what built C4 (default); paper: section 2.2's wording",
+    )
+    parser.add_argument(
+        "--sentence_splitter",
+        default="regex",
+        choices=["regex", "punkt"],
+        help="punkt: NLTK's English model, as TFDS counts (needs its data)",
+    )
     args = parser.parse_args(argv)
     paths = sorted(p for pattern in args.input for p in glob.glob(pattern))
     if not paths:
         raise SystemExit(f"No input files match {args.input}.")
     bad_words = load_bad_words(args.bad_words_file) if args.bad_words_file else None
     splitter = punkt_sentences() if args.sentence_splitter == "punkt" else split_sentences
-    cleaner = CLEANERS[args.rules](bad_words, langdetect_english() if args.language else None,
-                                   splitter)
-    bar = logs.progress(desc="c4_clean read", total=sum(os.path.getsize(p) for p in paths),
-                        unit="B", unit_scale=True, unit_divisor=1024)
+    cleaner = CLEANERS[args.rules](
+        bad_words, langdetect_english() if args.language else None, splitter
+    )
+    bar = logs.progress(
+        desc="c4_clean read",
+        total=sum(os.path.getsize(p) for p in paths),
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+    )
     with bar:
-        write_pages(cleaner.clean(read_pages(paths, args.text_key, on_read=bar.update)),
-                    args.output)
+        write_pages(
+            cleaner.clean(read_pages(paths, args.text_key, on_read=bar.update)), args.output
+        )
     logs.log(cleaner.report.table())
     return cleaner.report
 
 
-if __name__ == "__main__":
+def console_main() -> int:
+    """The `t5x-like-c4-clean` console command: `main` on the command line, exit code 0 (`main`
+    returns what it did, for callers in Python)."""
     main(sys.argv[1:])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(console_main())

@@ -45,12 +45,19 @@ def utf8_lines(path: tf.Tensor) -> tf.data.Dataset:
     each file). Blank lines are dropped: one document per line, none empty."""
 
     def checked(line):
-        valid = tf.equal(tf.strings.unicode_transcode(line, "UTF-8", "UTF-8", errors="replace"),
-                         line)
+        valid = tf.equal(
+            tf.strings.unicode_transcode(line, "UTF-8", "UTF-8", errors="replace"), line
+        )
         # (The line itself is not in the message: TF's error text must be valid UTF-8.)
-        assertion = tf.debugging.Assert(valid, [
-            "A line of", path, "is not UTF-8 text; re-encode the file (e.g. iconv -f latin1 "
-            "-t utf-8) or remove the line."])
+        assertion = tf.debugging.Assert(
+            valid,
+            [
+                "A line of",
+                path,
+                "is not UTF-8 text; re-encode the file (e.g. iconv -f latin1 "
+                "-t utf-8) or remove the line.",
+            ],
+        )
         with tf.control_dependencies([assertion]):
             return tf.identity(line)
 
@@ -58,8 +65,7 @@ def utf8_lines(path: tf.Tensor) -> tf.data.Dataset:
     return lines.filter(lambda l: tf.strings.length(tf.strings.strip(l)) > 0).map(checked)
 
 
-def check_text_files(paths: Sequence[str], max_files: int = 64,
-                     max_bytes: int = 1 << 20) -> None:
+def check_text_files(paths: Sequence[str], max_files: int = 64, max_bytes: int = 1 << 20) -> None:
     """Before a run starts: the first MiB of each of the first `max_files` files must be UTF-8
     text; the error names the file and the line."""
     for path in list(paths)[:max_files]:
@@ -79,12 +85,13 @@ def check_text_files(paths: Sequence[str], max_files: int = 64,
                 raise ConfigError(
                     f"{path}, line {number}: not UTF-8 text (byte {line[e.start]:#04x} at "
                     f"column {e.start + 1}). Re-encode the file (e.g. `iconv -f latin1 -t "
-                    "utf-8`) or remove the line.") from None
+                    "utf-8`) or remove the line."
+                ) from None
 
 
 # A JSON string literal, and any flat JSON value that may stand before the key we read.
 _JSON_STRING = r'"(?:[^"\\]|\\.)*"'
-_JSON_SCALAR = rf'(?:{_JSON_STRING}|-?[0-9][0-9.eE+-]*|true|false|null)'
+_JSON_SCALAR = rf"(?:{_JSON_STRING}|-?[0-9][0-9.eE+-]*|true|false|null)"
 _HEX_DIGITS = "0123456789abcdef"
 
 
@@ -94,19 +101,22 @@ def _json_field_pattern(key: str, value: str) -> str:
     lines. The prefix is greedy, so of a key given twice the last is read, as json.loads
     reads it."""
     written = json.dumps(key, ensure_ascii=False)[1:-1]  # the key as a JSON file holds it
-    escaped = "".join("\\" + c if c.isascii() and not (c.isalnum() or c == "_") else c
-                      for c in written)
-    return (rf'^\s*\{{(?:\s*{_JSON_STRING}\s*:\s*{_JSON_SCALAR}\s*,)*\s*"{escaped}"\s*:\s*'
-            rf'({value})\s*[,}}].*$')
+    escaped = "".join(
+        "\\" + c if c.isascii() and not (c.isalnum() or c == "_") else c for c in written
+    )
+    return (
+        rf'^\s*\{{(?:\s*{_JSON_STRING}\s*:\s*{_JSON_SCALAR}\s*,)*\s*"{escaped}"\s*:\s*'
+        rf"({value})\s*[,}}].*$"
+    )
 
 
 def _hex_value(hex4: tf.Tensor) -> tf.Tensor:
     """'00e9' -> 233, for a vector of four-digit hex strings (TensorFlow parses no hex)."""
-    digits = tf.strings.unicode_decode(tf.strings.lower(hex4), "UTF-8").to_tensor(
-        shape=[None, 4])
+    digits = tf.strings.unicode_decode(tf.strings.lower(hex4), "UTF-8").to_tensor(shape=[None, 4])
     table = tf.constant([ord(c) for c in _HEX_DIGITS], tf.int32)
-    values = tf.argmax(tf.cast(tf.equal(digits[..., None], table), tf.int32), axis=-1,
-                       output_type=tf.int32)
+    values = tf.argmax(
+        tf.cast(tf.equal(digits[..., None], table), tf.int32), axis=-1, output_type=tf.int32
+    )
     return tf.reduce_sum(values * tf.constant([4096, 256, 16, 1]), axis=-1)
 
 
@@ -121,22 +131,30 @@ def _decode_unicode_escapes(body: tf.Tensor) -> tf.Tensor:
     # A high surrogate with an empty literal after it and a low surrogate next: one code point.
     high = (codes >= 0xD800) & (codes < 0xDC00)
     next_codes = tf.concat([codes[1:], [0]], 0)
-    pair = (high & (next_codes >= 0xDC00) & (next_codes < 0xE000)
-            & tf.equal(literal[1:], ""))
+    pair = high & (next_codes >= 0xDC00) & (next_codes < 0xE000) & tf.equal(literal[1:], "")
     is_low_of_pair = tf.concat([[False], pair[:-1]], 0)
     combined = tf.where(pair, 0x10000 + (codes - 0xD800) * 1024 + (next_codes - 0xDC00), codes)
     combined = tf.where((combined >= 0xD800) & (combined < 0xE000), 0xFFFD, combined)
     decoded = tf.where(is_low_of_pair, "", tf.strings.unicode_encode(combined[:, None], "UTF-8"))
-    return tf.strings.reduce_join(
-        tf.stack([literal[:-1], decoded], axis=1), separator="") + literal[-1]
+    return (
+        tf.strings.reduce_join(tf.stack([literal[:-1], decoded], axis=1), separator="")
+        + literal[-1]
+    )
 
 
 def _decode_json_string(literal: tf.Tensor) -> tf.Tensor:
     """A JSON string literal (quotes included) -> its text."""
     body = tf.strings.substr(literal, 1, tf.strings.length(literal) - 2)
     body = tf.strings.regex_replace(body, r"\\\\", "\x02")  # escaped backslashes, first
-    for escape, char in (('"', '"'), ("/", "/"), ("b", "\b"), ("f", "\f"), ("n", "\n"),
-                         ("r", "\r"), ("t", "\t")):
+    for escape, char in (
+        ('"', '"'),
+        ("/", "/"),
+        ("b", "\b"),
+        ("f", "\f"),
+        ("n", "\n"),
+        ("r", "\r"),
+        ("t", "\t"),
+    ):
         body = tf.strings.regex_replace(body, "\\\\" + escape, char.replace("\\", "\\\\"))
     return _decode_unicode_escapes(body)
 
@@ -162,8 +180,9 @@ def json_scalar_text(line: tf.Tensor, key: str) -> tf.Tensor:
     return tf.cond(is_string, lambda: _decode_json_string(raw), lambda: raw)
 
 
-def read_jsonl(path: tf.Tensor, text_key: str = "text",
-               keep_keys: Sequence[str] = ("url", "timestamp")) -> tf.data.Dataset:
+def read_jsonl(
+    path: tf.Tensor, text_key: str = "text", keep_keys: Sequence[str] = ("url", "timestamp")
+) -> tf.data.Dataset:
     """One file of JSON lines -> string features: the document under `text` (read from
     `text_key`, so every source looks the same to the tasks) and `keep_keys` ('' when a line
     has none). Parsed with TensorFlow ops, so a run's input position is saved with its
@@ -173,10 +192,16 @@ def read_jsonl(path: tf.Tensor, text_key: str = "text",
 
     def to_features(line):
         found, text = json_string_value(line, text_key)
-        assertion = tf.debugging.Assert(found, [
-            "A JSON line of", path, f"has no top-level string field {text_key} (or a nested "
-            "value stands before it): set the source's text_key (text_corpus.text_key) or fix "
-            "the line."])
+        assertion = tf.debugging.Assert(
+            found,
+            [
+                "A JSON line of",
+                path,
+                f"has no top-level string field {text_key} (or a nested "
+                "value stands before it): set the source's text_key (text_corpus.text_key) or fix "
+                "the line.",
+            ],
+        )
         with tf.control_dependencies([assertion]):
             features = {"text": tf.identity(text)}
         for key, name in zip(keys[1:], names[1:]):
@@ -195,8 +220,10 @@ def document_char_limit(max_document_chars: int | None = 1_000_000) -> int | Non
     splits only what is not a web page or book chapter. None or 0 turns splitting off.
     Bind `text_files.max_document_chars` in gin."""
     if max_document_chars is not None and max_document_chars < 0:
-        raise ConfigError(f"text_files.max_document_chars={max_document_chars}; give a "
-                          "positive number of characters (or None / 0 for no limit).")
+        raise ConfigError(
+            f"text_files.max_document_chars={max_document_chars}; give a "
+            "positive number of characters (or None / 0 for no limit)."
+        )
     return max_document_chars or None
 
 
@@ -214,12 +241,13 @@ def split_long_documents(dataset: tf.data.Dataset, limit: int | None) -> tf.data
         starts = tf.range(0, tf.maximum(length, 1), limit)
         texts = tf.cond(
             length > limit,
-            lambda: tf.strings.substr(text, starts, tf.fill(tf.shape(starts), limit),
-                                      unit="UTF8_CHAR"),
-            lambda: text[None])
+            lambda: tf.strings.substr(
+                text, starts, tf.fill(tf.shape(starts), limit), unit="UTF8_CHAR"
+            ),
+            lambda: text[None],
+        )
         count = tf.shape(texts)[0]
-        return {k: texts if k == "text" else tf.repeat(v[None], count)
-                for k, v in features.items()}
+        return {k: texts if k == "text" else tf.repeat(v[None], count) for k, v in features.items()}
 
     return dataset.map(pieces).unbatch()
 
@@ -227,8 +255,12 @@ def split_long_documents(dataset: tf.data.Dataset, limit: int | None) -> tf.data
 class JsonlDataSource(seqio.FileDataSource):
     """JSON-lines files (C4's mirrored layout or your own), one document per line."""
 
-    def __init__(self, split_to_filepattern: Mapping[str, str | Sequence[str]],
-                 text_key: str = "text", keep_keys: Sequence[str] = ("url", "timestamp")):
+    def __init__(
+        self,
+        split_to_filepattern: Mapping[str, str | Sequence[str]],
+        text_key: str = "text",
+        keep_keys: Sequence[str] = ("url", "timestamp"),
+    ):
         limit = document_char_limit()  # (here: an error in `read` surfaces as TF's)
 
         def read(path):
@@ -249,11 +281,13 @@ class TextFileDataSource(seqio.FileDataSource):
         super().__init__(read, split_to_filepattern)
 
 
-def files_source(split_to_filepattern: Mapping[str, str | Sequence[str]],
-                 text_key: str = "text") -> seqio.FileDataSource:
+def files_source(
+    split_to_filepattern: Mapping[str, str | Sequence[str]], text_key: str = "text"
+) -> seqio.FileDataSource:
     """JSONL when every pattern names .json/.jsonl(.gz) files, else plain text lines."""
-    patterns = [p for v in split_to_filepattern.values()
-                for p in ([v] if isinstance(v, str) else v)]
+    patterns = [
+        p for v in split_to_filepattern.values() for p in ([v] if isinstance(v, str) else v)
+    ]
     if all(p.endswith(JSON_SUFFIXES) for p in patterns):
         return JsonlDataSource(split_to_filepattern, text_key)
     return TextFileDataSource(split_to_filepattern)
@@ -265,8 +299,11 @@ class LazySource(seqio.DataSource):
     `resolve()` returns the real source; every DataSource call is forwarded to it.
     """
 
-    def __init__(self, resolve: Callable[[], seqio.DataSource],
-                 splits: Sequence[str] = ("train", "validation")):
+    def __init__(
+        self,
+        resolve: Callable[[], seqio.DataSource],
+        splits: Sequence[str] = ("train", "validation"),
+    ):
         super().__init__(splits=splits)
         self._declared_splits = tuple(splits)
         self._resolve = resolve
@@ -300,10 +337,17 @@ class LazySource(seqio.DataSource):
     def num_input_examples(self, split: str) -> int | None:
         return self.source.num_input_examples(split)
 
-    def get_dataset(self, split: str = "train", shuffle: bool = True, seed: int | None = None,
-                    shard_info: seqio.ShardInfo | None = None, **kwargs) -> tf.data.Dataset:
-        return self.source.get_dataset(split=split, shuffle=shuffle, seed=seed,
-                                       shard_info=shard_info, **kwargs)
+    def get_dataset(
+        self,
+        split: str = "train",
+        shuffle: bool = True,
+        seed: int | None = None,
+        shard_info: seqio.ShardInfo | None = None,
+        **kwargs,
+    ) -> tf.data.Dataset:
+        return self.source.get_dataset(
+            split=split, shuffle=shuffle, seed=seed, shard_info=shard_info, **kwargs
+        )
 
     def __repr__(self) -> str:
         return f"LazySource({self._resolve.__name__})"
@@ -318,32 +362,42 @@ def c4_json_dir(json_dir: str | None = None) -> str | None:
 
 
 def c4_json_source(json_dir: str) -> JsonlDataSource:
-    return JsonlDataSource({"train": os.path.join(json_dir, "c4-train.*.json*"),
-                            "validation": os.path.join(json_dir, "c4-validation.*.json*")})
+    return JsonlDataSource(
+        {
+            "train": os.path.join(json_dir, "c4-train.*.json*"),
+            "validation": os.path.join(json_dir, "c4-validation.*.json*"),
+        }
+    )
 
 
 # ----------------------------------------------------------------------- your corpus
 @gin.configurable("text_corpus")
-def text_corpus_source(train_files: str | Sequence[str] | None = None,
-                       validation_files: str | Sequence[str] | None = None,
-                       text_key: str = "text") -> seqio.FileDataSource:
+def text_corpus_source(
+    train_files: str | Sequence[str] | None = None,
+    validation_files: str | Sequence[str] | None = None,
+    text_key: str = "text",
+) -> seqio.FileDataSource:
     """Your own corpus for the `text_corpus_*` tasks: globs of .txt (one document per line) or
     .jsonl/.json(.gz) files (`text_key` per line)."""
     if not train_files:
-        raise ConfigError("The text_corpus_* tasks read your files: bind "
-                          "text_corpus.train_files='/path/*.jsonl.gz' (or *.txt) and "
-                          "text_corpus.validation_files=... in gin.")
+        raise ConfigError(
+            "The text_corpus_* tasks read your files: bind "
+            "text_corpus.train_files='/path/*.jsonl.gz' (or *.txt) and "
+            "text_corpus.validation_files=... in gin."
+        )
     splits = {"train": train_files}
     if validation_files:
         splits["validation"] = validation_files
     else:
-        _say_once("text_corpus.validation_files is not bound: the text_corpus_* tasks have no "
-                  "validation split, so runs on them do not evaluate (the training files are "
-                  "never used for validation).")
+        _say_once(
+            "text_corpus.validation_files is not bound: the text_corpus_* tasks have no "
+            "validation split, so runs on them do not evaluate (the training files are "
+            "never used for validation)."
+        )
     return files_source(splits, text_key)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _say_once(message: str) -> None:
     """Print a notice once per process (a LazySource resolves its source on every access)."""
     print(f"t5x_like: {message}", flush=True)

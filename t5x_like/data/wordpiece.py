@@ -33,8 +33,10 @@ def read_vocab(path: str) -> list[str]:
         pieces = list(dict.fromkeys(line.strip() for line in f))
     missing = [t for t in SPECIAL_TOKENS if t not in pieces]
     if missing:
-        raise ValueError(f"{path} lacks BERT's special tokens {missing}; a WordPiece vocab.txt "
-                         f"lists {', '.join(SPECIAL_TOKENS)} among its pieces.")
+        raise ValueError(
+            f"{path} lacks BERT's special tokens {missing}; a WordPiece vocab.txt "
+            f"lists {', '.join(SPECIAL_TOKENS)} among its pieces."
+        )
     return pieces
 
 
@@ -42,8 +44,9 @@ class WordPieceVocabulary(seqio.Vocabulary):
     """A `vocab.txt` with BERT's tokenizer. There is no EOS: BERT frames sequences with
     [CLS]/[SEP], which the pretraining and fine-tuning preprocessors add."""
 
-    def __init__(self, vocab_path: str | Callable[[], str],
-                 lower_case: bool | Callable[[], bool] = True) -> None:
+    def __init__(
+        self, vocab_path: str | Callable[[], str], lower_case: bool | Callable[[], bool] = True
+    ) -> None:
         """`vocab_path` (and `lower_case`) may be functions, called on use, so a task can be
         registered before its vocabulary exists (built, or named by gin)."""
         self._vocab_path = vocab_path
@@ -115,7 +118,7 @@ class WordPieceVocabulary(seqio.Vocabulary):
 
     # ----------------------------------------------------------------- tokenizing
     @property
-    def tokenizer(self) -> "BertTokenizer":
+    def tokenizer(self) -> BertTokenizer:
         """BERT's tokenizer on this vocabulary (`BertTokenizer` below), built on first use."""
         key = (self.vocab_path, self.lower_case)
         if self._tokenizer_for is None or self._tokenizer_for[0] != key:
@@ -143,9 +146,11 @@ class WordPieceVocabulary(seqio.Vocabulary):
         return " ".join(words)
 
     def __eq__(self, other) -> bool:
-        return (isinstance(other, WordPieceVocabulary)
-                and other._vocab_path == self._vocab_path
-                and other._lower_case == self._lower_case)
+        return (
+            isinstance(other, WordPieceVocabulary)
+            and other._vocab_path == self._vocab_path
+            and other._lower_case == self._lower_case
+        )
 
     def __hash__(self) -> int:
         return hash((self._vocab_path, self._lower_case))
@@ -160,8 +165,10 @@ _DROPPED = r"[^\P{Cc}\t\n\r]|[\x{FFFD}\p{Cf}]"
 # `str.split()` splits words at them all the same.
 _WHITESPACE = r"[\t\n\r\p{Zs}\x{2028}\x{2029}]"
 # `_is_chinese_char`: the CJK Unified Ideographs blocks, each character a word of its own.
-_CJK = (r"([\x{4E00}-\x{9FFF}\x{3400}-\x{4DBF}\x{20000}-\x{2A6DF}\x{2A700}-\x{2B73F}"
-        r"\x{2B740}-\x{2B81F}\x{2B820}-\x{2CEAF}\x{F900}-\x{FAFF}\x{2F800}-\x{2FA1F}])")
+_CJK = (
+    r"([\x{4E00}-\x{9FFF}\x{3400}-\x{4DBF}\x{20000}-\x{2A6DF}\x{2A700}-\x{2B73F}"
+    r"\x{2B740}-\x{2B81F}\x{2B820}-\x{2CEAF}\x{F900}-\x{FAFF}\x{2F800}-\x{2FA1F}])"
+)
 # `_is_punctuation`: every ASCII character that is not a letter, digit or space, and category P*.
 _PUNCTUATION = r"([!-/:-@\[-`{-~]|\p{P})"
 # The reference's WordpieceTokenizer gives [UNK] for a word of more than 200 characters.
@@ -183,9 +190,13 @@ class BertTokenizer:
     tables of their own version, so characters assigned after Python's `unicodedata` version may
     still differ."""
 
-    def __init__(self, pieces: Sequence[str], lower_case: bool = True,
-                 unknown_token: str = "[UNK]",
-                 max_chars_per_word: int = MAX_CHARS_PER_WORD) -> None:
+    def __init__(
+        self,
+        pieces: Sequence[str],
+        lower_case: bool = True,
+        unknown_token: str = "[UNK]",
+        max_chars_per_word: int = MAX_CHARS_PER_WORD,
+    ) -> None:
         import tensorflow_text as tf_text
 
         self.lower_case = lower_case
@@ -193,9 +204,14 @@ class BertTokenizer:
         self.max_chars_per_word = max_chars_per_word
         # A word never holds a space, so " " stands in for an empty line, which never matches.
         self._wordpiece = tf_text.FastWordpieceTokenizer(
-            [p or " " for p in pieces], suffix_indicator="##",
-            max_bytes_per_word=4 * max_chars_per_word, token_out_type=tf.int32,
-            unknown_token=unknown_token, no_pretokenization=True, support_detokenization=True)
+            [p or " " for p in pieces],
+            suffix_indicator="##",
+            max_bytes_per_word=4 * max_chars_per_word,
+            token_out_type=tf.int32,
+            unknown_token=unknown_token,
+            no_pretokenization=True,
+            support_detokenization=True,
+        )
 
     def basic_tokenize(self, text: tf.Tensor) -> tf.RaggedTensor:
         """Words of each string, shape text.shape + [(words)]."""
@@ -218,10 +234,8 @@ class BertTokenizer:
         if text.shape.rank == 0:
             return self.tokenize(tf.reshape(text, [1]))[0]
         words = self.basic_tokenize(text)
-        too_long = tf.strings.length(words.flat_values, unit="UTF8_CHAR") > \
-            self.max_chars_per_word
-        words = words.with_flat_values(
-            tf.where(too_long, self.unknown_token, words.flat_values))
+        too_long = tf.strings.length(words.flat_values, unit="UTF8_CHAR") > self.max_chars_per_word
+        words = words.with_flat_values(tf.where(too_long, self.unknown_token, words.flat_values))
         pieces = self._wordpiece.tokenize(words)  # (..., words, pieces)
         return pieces.merge_dims(-2, -1)
 
@@ -231,9 +245,13 @@ class BertTokenizer:
 
 
 # ----------------------------------------------------------------------- building
-def build_vocab(texts: tf.data.Dataset, vocab_size: int, lower_case: bool = True,
-                reserved_tokens: Sequence[str] = SPECIAL_TOKENS,
-                on_read: Callable[[int], object] | None = None) -> list[str]:
+def build_vocab(
+    texts: tf.data.Dataset,
+    vocab_size: int,
+    lower_case: bool = True,
+    reserved_tokens: Sequence[str] = SPECIAL_TOKENS,
+    on_read: Callable[[int], object] | None = None,
+) -> list[str]:
     """Learn a WordPiece vocabulary (tensorflow-text's BERT vocab learner) from a dataset of
     strings; the special tokens come first, so [PAD] is id 0. `on_read(n)` is told the bytes
     of text (each string and its line end) as the learner counts them."""
@@ -243,9 +261,12 @@ def build_vocab(texts: tf.data.Dataset, vocab_size: int, lower_case: bool = True
     if on_read is not None:
         batches = batches.map(lambda batch: _reporting(batch, on_read))
     return learner.bert_vocab_from_dataset(
-        batches.prefetch(2), vocab_size=vocab_size,
+        batches.prefetch(2),
+        vocab_size=vocab_size,
         reserved_tokens=list(reserved_tokens),
-        bert_tokenizer_params={"lower_case": lower_case}, learn_params={})
+        bert_tokenizer_params={"lower_case": lower_case},
+        learn_params={},
+    )
 
 
 def _reporting(batch: tf.Tensor, on_read: Callable[[int], object]) -> tf.Tensor:
@@ -259,8 +280,12 @@ def _reporting(batch: tf.Tensor, on_read: Callable[[int], object]) -> tf.Tensor:
 
 def main(argv: Sequence[str] | None = None) -> list[str]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--input", action="append", required=True,
-                        help="text file or glob, one document (or sentence) a line; repeatable")
+    parser.add_argument(
+        "--input",
+        action="append",
+        required=True,
+        help="text file or glob, one document (or sentence) a line; repeatable",
+    )
     parser.add_argument("--output", required=True, help="vocab.txt to write")
     parser.add_argument("--vocab_size", type=int, default=30522)
     parser.add_argument("--cased", action="store_true", help="keep case and accents")
@@ -270,16 +295,26 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
         raise SystemExit(f"No input files match {args.input}.")
     texts = tf.data.TextLineDataset(paths)
     # Progress against the files' sizes: the learner's counting pass reads them once.
-    with logs.progress(desc="wordpiece count words",
-                       total=sum(tf.io.gfile.stat(p).length for p in paths), unit="B",
-                       unit_scale=True, unit_divisor=1024) as bar:
-        pieces = build_vocab(texts, args.vocab_size, lower_case=not args.cased,
-                             on_read=bar.update)
+    with logs.progress(
+        desc="wordpiece count words",
+        total=sum(tf.io.gfile.stat(p).length for p in paths),
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+    ) as bar:
+        pieces = build_vocab(texts, args.vocab_size, lower_case=not args.cased, on_read=bar.update)
     with tf.io.gfile.GFile(args.output, "w") as f:
         f.write("\n".join(pieces) + "\n")
     logs.log(f"wrote {len(pieces)} pieces to {args.output}")
     return pieces
 
 
-if __name__ == "__main__":
+def console_main() -> int:
+    """The `t5x-like-wordpiece` console command: `main` on the command line, exit code 0 (`main`
+    returns what it did, for callers in Python)."""
     main(sys.argv[1:])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(console_main())

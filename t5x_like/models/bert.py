@@ -47,8 +47,15 @@ class BertConfig(layers.FamilyConfig):
     scan_layers: bool = False
 
     # Fields that decide parameter shapes and meaning (checked when a checkpoint is loaded).
-    ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads",
-                           "intermediate_size", "max_position_embeddings", "type_vocab_size")
+    ARCHITECTURE_FIELDS = (
+        "vocab_size",
+        "hidden_size",
+        "num_layers",
+        "num_heads",
+        "intermediate_size",
+        "max_position_embeddings",
+        "type_vocab_size",
+    )
     FAMILY = "bert"
 
     def __post_init__(self) -> None:
@@ -69,14 +76,27 @@ class Embeddings(nn.Module):
     def setup(self) -> None:
         cfg = self.config
         init = nn.initializers.normal(stddev=cfg.initializer_range)
-        self.words = layers.Embed(cfg.vocab_size, cfg.hidden_size, dtype=jnp.dtype(cfg.dtype),
-                                  embedding_init=init, name="word_embeddings")
-        self.positions = layers._param(self, "position_embeddings", init,
-                                       (cfg.max_position_embeddings, cfg.hidden_size),
-                                       ("positions", "embed"))
-        self.segments = layers._param(self, "segment_embeddings", init,
-                                      (cfg.type_vocab_size, cfg.hidden_size),
-                                      ("segments", "embed"))
+        self.words = layers.Embed(
+            cfg.vocab_size,
+            cfg.hidden_size,
+            dtype=jnp.dtype(cfg.dtype),
+            embedding_init=init,
+            name="word_embeddings",
+        )
+        self.positions = layers._param(
+            self,
+            "position_embeddings",
+            init,
+            (cfg.max_position_embeddings, cfg.hidden_size),
+            ("positions", "embed"),
+        )
+        self.segments = layers._param(
+            self,
+            "segment_embeddings",
+            init,
+            (cfg.type_vocab_size, cfg.hidden_size),
+            ("segments", "embed"),
+        )
         self.norm = layer_norm(cfg, "layer_norm")
         self.dropout = layers.Dropout(cfg.dropout_rate)
 
@@ -84,14 +104,16 @@ class Embeddings(nn.Module):
         cfg = self.config
         length = token_ids.shape[1]
         if length > cfg.max_position_embeddings:
-            raise ValueError(f"Sequence length {length} exceeds BERT's "
-                             f"{cfg.max_position_embeddings} learned positions.")
+            raise ValueError(
+                f"Sequence length {length} exceeds BERT's "
+                f"{cfg.max_position_embeddings} learned positions."
+            )
         dtype = jnp.dtype(cfg.dtype)
         # The position table is shared over the batch: `add_shared_bias` sums its gradient
         # as a product on CPU (XLA's own batch sum took 11 ms here, the product 0.2 ms).
-        x = (layers.add_shared_bias(self.words(token_ids),
-                                    self.positions[None, :length].astype(dtype))
-             + jnp.take(self.segments, segment_ids, axis=0).astype(dtype))
+        x = layers.add_shared_bias(
+            self.words(token_ids), self.positions[None, :length].astype(dtype)
+        ) + jnp.take(self.segments, segment_ids, axis=0).astype(dtype)
         return self.dropout(self.norm(x), deterministic=deterministic)
 
     def attend(self, x: Array) -> Array:
@@ -109,14 +131,25 @@ class EncoderLayer(nn.Module):
         dtype = jnp.dtype(cfg.dtype)
         init = layers.normal(cfg.initializer_range)
         attended = layers.MultiHeadAttention(
-            cfg.num_heads, cfg.head_dim, dropout_rate=cfg.attention_dropout_rate, dtype=dtype,
-            use_bias=True, kernel_init=init, implementation=cfg.attention_implementation,
-            name="attention")(
-                x, x, mask=mask, deterministic=deterministic)
+            cfg.num_heads,
+            cfg.head_dim,
+            dropout_rate=cfg.attention_dropout_rate,
+            dtype=dtype,
+            use_bias=True,
+            kernel_init=init,
+            implementation=cfg.attention_implementation,
+            name="attention",
+        )(x, x, mask=mask, deterministic=deterministic)
         attended = layers.Dropout(cfg.dropout_rate)(attended, deterministic=deterministic)
         x = layer_norm(cfg, "attention_norm")(x + attended)
-        hidden = layers.MlpBlock(cfg.intermediate_size, activations=("gelu_exact",),
-                                 dtype=dtype, use_bias=True, kernel_init=init, name="mlp")(x)
+        hidden = layers.MlpBlock(
+            cfg.intermediate_size,
+            activations=("gelu_exact",),
+            dtype=dtype,
+            use_bias=True,
+            kernel_init=init,
+            name="mlp",
+        )(x)
         hidden = layers.Dropout(cfg.dropout_rate)(hidden, deterministic=deterministic)
         return layer_norm(cfg, "mlp_norm")(x + hidden)
 
@@ -130,34 +163,47 @@ class BertEncoder(nn.Module):
         cfg = self.config
         self.embeddings = Embeddings(cfg, name="embeddings")
         if cfg.scan_layers:
-            self.layers = layers.scanned_stack(EncoderLayer, cfg.num_layers, cfg.remat_policy,
-                                               (3,), num_args=2)(cfg, name=layers.SCANNED_STACK)
+            self.layers = layers.scanned_stack(
+                EncoderLayer, cfg.num_layers, cfg.remat_policy, (3,), num_args=2
+            )(cfg, name=layers.SCANNED_STACK)
         else:
             layer = layers.remat(EncoderLayer, cfg.remat_policy, static_argnums=(3,))
             self.layers = [layer(cfg, name=f"layers_{i}") for i in range(cfg.num_layers)]
         # hidden -> hidden projections name their output axis 'mlp' (an array cannot carry the
         # same logical name twice); the rules split it like a feed-forward layer.
-        self.pooler = layers.Dense((cfg.hidden_size,), ("embed",), ("mlp",),
-                                   kernel_init=layers.normal(cfg.initializer_range),
-                                   dtype=jnp.dtype(cfg.dtype), use_bias=True)
+        self.pooler = layers.Dense(
+            (cfg.hidden_size,),
+            ("embed",),
+            ("mlp",),
+            kernel_init=layers.normal(cfg.initializer_range),
+            dtype=jnp.dtype(cfg.dtype),
+            use_bias=True,
+        )
 
-    def __call__(self, token_ids: Array, segment_ids: Array | None = None,
-                 input_mask: Array | None = None, deterministic: bool = True,
-                 return_all_layers: bool = False) -> tuple:
+    def __call__(
+        self,
+        token_ids: Array,
+        segment_ids: Array | None = None,
+        input_mask: Array | None = None,
+        deterministic: bool = True,
+        return_all_layers: bool = False,
+    ) -> tuple:
         """(sequence output (batch, length, hidden), pooled [CLS] (batch, hidden)), plus every
         layer's output as a third element with `return_all_layers` (for the feature-based
         approach; per-layer stacks only). `input_mask` defaults to token_ids != 0 ([PAD] is id 0
         in BERT vocabularies)."""
         if return_all_layers and self.config.scan_layers:
-            raise ValueError("return_all_layers (the feature-based approach) reads every "
-                             "layer's output, which a scanned stack does not keep: set "
-                             "BertConfig.scan_layers=False (checkpoints load in either "
-                             "layout).")
+            raise ValueError(
+                "return_all_layers (the feature-based approach) reads every "
+                "layer's output, which a scanned stack does not keep: set "
+                "BertConfig.scan_layers=False (checkpoints load in either "
+                "layout)."
+            )
         if segment_ids is None:
             segment_ids = jnp.zeros_like(token_ids)
         if input_mask is None:
             input_mask = token_ids != 0
-        mask = (input_mask[:, None, None, :] > 0)
+        mask = input_mask[:, None, None, :] > 0
         x = self.embeddings(token_ids, segment_ids, deterministic)
         all_layers = []
         if self.config.scan_layers:
@@ -178,9 +224,15 @@ class MaskedLMTransform(nn.Module):
     @nn.compact
     def __call__(self, x: Array) -> Array:
         cfg = self.config
-        x = layers.Dense((cfg.hidden_size,), ("embed",), ("mlp",),
-                         kernel_init=layers.normal(cfg.initializer_range),
-                         dtype=jnp.dtype(cfg.dtype), use_bias=True, name="transform")(x)
+        x = layers.Dense(
+            (cfg.hidden_size,),
+            ("embed",),
+            ("mlp",),
+            kernel_init=layers.normal(cfg.initializer_range),
+            dtype=jnp.dtype(cfg.dtype),
+            use_bias=True,
+            name="transform",
+        )(x)
         return layer_norm(cfg, "layer_norm")(nn.gelu(x, approximate=False))
 
 
@@ -194,15 +246,26 @@ class BertForPreTraining(nn.Module):
         cfg = self.config
         self.encoder = BertEncoder(cfg, name="encoder")
         self.mlm = MaskedLMTransform(cfg, name="mlm")
-        self.mlm_output_bias = layers._param(self, "mlm_output_bias", nn.initializers.zeros,
-                                             (cfg.vocab_size,), ("vocab",))
-        self.nsp = layers.Dense((2,), ("embed",), ("classes",),
-                                kernel_init=layers.normal(cfg.initializer_range),
-                                dtype=jnp.dtype(cfg.dtype), use_bias=True)
+        self.mlm_output_bias = layers._param(
+            self, "mlm_output_bias", nn.initializers.zeros, (cfg.vocab_size,), ("vocab",)
+        )
+        self.nsp = layers.Dense(
+            (2,),
+            ("embed",),
+            ("classes",),
+            kernel_init=layers.normal(cfg.initializer_range),
+            dtype=jnp.dtype(cfg.dtype),
+            use_bias=True,
+        )
 
-    def __call__(self, token_ids: Array, segment_ids: Array | None = None,
-                 input_mask: Array | None = None, deterministic: bool = True,
-                 masked_positions: Array | None = None) -> dict[str, Array]:
+    def __call__(
+        self,
+        token_ids: Array,
+        segment_ids: Array | None = None,
+        input_mask: Array | None = None,
+        deterministic: bool = True,
+        masked_positions: Array | None = None,
+    ) -> dict[str, Array]:
         """Logits of both heads. With `masked_positions` (batch, predictions) the masked-LM
         head runs only at those positions, as the reference's `gather_indexes` does: with a
         30k vocabulary the output layer would otherwise dominate the step."""
@@ -210,17 +273,28 @@ class BertForPreTraining(nn.Module):
         predicted = sequence
         if masked_positions is not None:
             predicted = jnp.take_along_axis(sequence, masked_positions[..., None], axis=1)
-        mlm_logits = layers.add_shared_bias(self.encoder.embeddings.attend(self.mlm(predicted)),
-                                            self.mlm_output_bias)
-        return {"mlm_logits": mlm_logits, "nsp_logits": self.nsp(pooled),
-                "pooled": pooled, "sequence": sequence}
+        mlm_logits = layers.add_shared_bias(
+            self.encoder.embeddings.attend(self.mlm(predicted)), self.mlm_output_bias
+        )
+        return {
+            "mlm_logits": mlm_logits,
+            "nsp_logits": self.nsp(pooled),
+            "pooled": pooled,
+            "sequence": sequence,
+        }
 
 
 def _head(cfg: BertConfig, features: int, name: str) -> layers.Dense:
     """A fine-tuning output layer: N(0, 0.02) kernel, zero bias (the reference's init)."""
-    return layers.Dense((features,), ("embed",), ("classes",),
-                        kernel_init=layers.normal(cfg.initializer_range),
-                        dtype=jnp.float32, use_bias=True, name=name)
+    return layers.Dense(
+        (features,),
+        ("embed",),
+        ("classes",),
+        kernel_init=layers.normal(cfg.initializer_range),
+        dtype=jnp.float32,
+        use_bias=True,
+        name=name,
+    )
 
 
 class BertForSequenceClassification(nn.Module):
@@ -231,10 +305,16 @@ class BertForSequenceClassification(nn.Module):
     num_labels: int
 
     @nn.compact
-    def __call__(self, token_ids: Array, segment_ids: Array | None = None,
-                 input_mask: Array | None = None, deterministic: bool = True) -> Array:
-        _, pooled = BertEncoder(self.config, name="encoder")(token_ids, segment_ids,
-                                                             input_mask, deterministic)
+    def __call__(
+        self,
+        token_ids: Array,
+        segment_ids: Array | None = None,
+        input_mask: Array | None = None,
+        deterministic: bool = True,
+    ) -> Array:
+        _, pooled = BertEncoder(self.config, name="encoder")(
+            token_ids, segment_ids, input_mask, deterministic
+        )
         pooled = layers.Dropout(self.config.dropout_rate)(pooled, deterministic=deterministic)
         return _head(self.config, self.num_labels, "classifier")(pooled)
 
@@ -247,12 +327,18 @@ class BertForMultipleChoice(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, token_ids: Array, segment_ids: Array | None = None,
-                 input_mask: Array | None = None, deterministic: bool = True) -> Array:
+    def __call__(
+        self,
+        token_ids: Array,
+        segment_ids: Array | None = None,
+        input_mask: Array | None = None,
+        deterministic: bool = True,
+    ) -> Array:
         batch, choices, length = token_ids.shape
         flat = lambda x: None if x is None else x.reshape(batch * choices, length)  # noqa: E731
         _, pooled = BertEncoder(self.config, name="encoder")(
-            flat(token_ids), flat(segment_ids), flat(input_mask), deterministic)
+            flat(token_ids), flat(segment_ids), flat(input_mask), deterministic
+        )
         pooled = layers.Dropout(self.config.dropout_rate)(pooled, deterministic=deterministic)
         return _head(self.config, 1, "classifier")(pooled).reshape(batch, choices)
 
@@ -264,11 +350,16 @@ class BertForQuestionAnswering(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, token_ids: Array, segment_ids: Array | None = None,
-                 input_mask: Array | None = None,
-                 deterministic: bool = True) -> tuple[Array, Array]:
-        sequence, _ = BertEncoder(self.config, name="encoder")(token_ids, segment_ids,
-                                                               input_mask, deterministic)
+    def __call__(
+        self,
+        token_ids: Array,
+        segment_ids: Array | None = None,
+        input_mask: Array | None = None,
+        deterministic: bool = True,
+    ) -> tuple[Array, Array]:
+        sequence, _ = BertEncoder(self.config, name="encoder")(
+            token_ids, segment_ids, input_mask, deterministic
+        )
         logits = _head(self.config, 2, "qa_outputs")(sequence)
         return logits[..., 0], logits[..., 1]
 
@@ -286,16 +377,22 @@ class BertForTokenClassification(nn.Module):
     lstm_size: int = 768
 
     @nn.compact
-    def __call__(self, token_ids: Array, segment_ids: Array | None = None,
-                 input_mask: Array | None = None, deterministic: bool = True) -> Array:
+    def __call__(
+        self,
+        token_ids: Array,
+        segment_ids: Array | None = None,
+        input_mask: Array | None = None,
+        deterministic: bool = True,
+    ) -> Array:
         cfg = self.config
         encoder = BertEncoder(cfg, name="encoder")
         if not self.feature_based:
             sequence, _ = encoder(token_ids, segment_ids, input_mask, deterministic)
             x = layers.Dropout(cfg.dropout_rate)(sequence, deterministic=deterministic)
         else:
-            _, _, all_layers = encoder(token_ids, segment_ids, input_mask, True,
-                                       return_all_layers=True)
+            _, _, all_layers = encoder(
+                token_ids, segment_ids, input_mask, True, return_all_layers=True
+            )
             x = jax.lax.stop_gradient(jnp.concatenate(all_layers[-4:], axis=-1))
             lengths = (token_ids != 0).sum(-1) if input_mask is None else input_mask.sum(-1)
             for i in range(2):

@@ -79,20 +79,31 @@ class _BertWrapper:
     def abstract_params(self) -> Params:
         return jax.eval_shape(self.init, jax.random.key(0))
 
-    def apply(self, params: Params, batch: Batch, dropout_rng: Array | None = None,
-              **kwargs: Any) -> Any:
+    def apply(
+        self, params: Params, batch: Batch, dropout_rng: Array | None = None, **kwargs: Any
+    ) -> Any:
         rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
-        return self.module.apply({"params": params}, batch["input_ids"],
-                                 batch.get("segment_ids"), batch.get("input_mask"),
-                                 deterministic=dropout_rng is None, rngs=rngs, **kwargs)
+        return self.module.apply(
+            {"params": params},
+            batch["input_ids"],
+            batch.get("segment_ids"),
+            batch.get("input_mask"),
+            deterministic=dropout_rng is None,
+            rngs=rngs,
+            **kwargs,
+        )
 
 
 @gin.configurable
 class BertPretrainingModel(_BertWrapper):
     """Masked LM + next sentence prediction (section 3.1)."""
 
-    FEATURES = _BertWrapper.FEATURES + ("masked_lm_positions", "masked_lm_ids",
-                                        "masked_lm_weights", "next_sentence_labels")
+    FEATURES = _BertWrapper.FEATURES + (
+        "masked_lm_positions",
+        "masked_lm_ids",
+        "masked_lm_weights",
+        "next_sentence_labels",
+    )
 
     def _make_module(self) -> nn.Module:
         return bert.BertForPreTraining(self.config)
@@ -101,10 +112,10 @@ class BertPretrainingModel(_BertWrapper):
         del pack  # BERT's examples are single sentence pairs, never packed
         return _features().PretrainingFeatureConverter()
 
-    def loss_sums(self, params: Params, batch: Batch,
-                  dropout_rng: Array | None = None) -> dict[str, Array]:
-        out = self.apply(params, batch, dropout_rng,
-                         masked_positions=batch["masked_lm_positions"])
+    def loss_sums(
+        self, params: Params, batch: Batch, dropout_rng: Array | None = None
+    ) -> dict[str, Array]:
+        out = self.apply(params, batch, dropout_rng, masked_positions=batch["masked_lm_positions"])
         weights = batch["masked_lm_weights"].astype(jnp.float32)
         labels = batch["masked_lm_ids"]
         nsp_labels = batch["next_sentence_labels"]
@@ -118,19 +129,24 @@ class BertPretrainingModel(_BertWrapper):
         }
 
     def loss_denominators(self, batch: Batch) -> dict[str, Array]:
-        return {"mlm_loss_sum": jnp.sum(batch["masked_lm_weights"].astype(jnp.float32))
-                + _MLM_EPSILON,
-                "nsp_loss_sum": jnp.asarray(batch["next_sentence_labels"].shape[0], jnp.float32)}
+        return {
+            "mlm_loss_sum": jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)) + _MLM_EPSILON,
+            "nsp_loss_sum": jnp.asarray(batch["next_sentence_labels"].shape[0], jnp.float32),
+        }
 
     def metrics(self, sums: Mapping[str, Array]) -> dict[str, Array]:
         mlm_weight = jnp.maximum(sums["mlm_weight"], 1.0)
         nsp_count = jnp.maximum(sums["nsp_count"], 1.0)
         mlm_loss = sums["mlm_loss_sum"] / mlm_weight
         nsp_loss = sums["nsp_loss_sum"] / nsp_count
-        return {"loss": mlm_loss + nsp_loss, "mlm_loss": mlm_loss,
-                "accuracy": sums["mlm_correct"] / mlm_weight,
-                "nsp_loss": nsp_loss, "nsp_accuracy": sums["nsp_correct"] / nsp_count,
-                "masked_tokens": jnp.asarray(sums["mlm_weight"])}
+        return {
+            "loss": mlm_loss + nsp_loss,
+            "mlm_loss": mlm_loss,
+            "accuracy": sums["mlm_correct"] / mlm_weight,
+            "nsp_loss": nsp_loss,
+            "nsp_accuracy": sums["nsp_correct"] / nsp_count,
+            "masked_tokens": jnp.asarray(sums["mlm_weight"]),
+        }
 
 
 class _ExampleLossModel(_BertWrapper):
@@ -142,14 +158,19 @@ class _ExampleLossModel(_BertWrapper):
 
     def metrics(self, sums: Mapping[str, Array]) -> dict[str, Array]:
         count = jnp.maximum(sums["count"], 1.0)
-        return {"loss": sums["loss_sum"] / count, "accuracy": sums["correct"] / count,
-                "examples": jnp.asarray(sums["count"])}
+        return {
+            "loss": sums["loss_sum"] / count,
+            "accuracy": sums["correct"] / count,
+            "examples": jnp.asarray(sums["count"]),
+        }
 
-    def _sums(self, example_loss: Array, example_correct: Array,
-              batch: Batch) -> dict[str, Array]:
+    def _sums(self, example_loss: Array, example_correct: Array, batch: Batch) -> dict[str, Array]:
         w = _example_weights(batch)
-        return {"loss_sum": jnp.sum(example_loss * w), "correct": jnp.sum(example_correct * w),
-                "count": jnp.sum(w)}
+        return {
+            "loss_sum": jnp.sum(example_loss * w),
+            "correct": jnp.sum(example_correct * w),
+            "count": jnp.sum(w),
+        }
 
 
 def _example_weights(batch: Batch) -> Array:
@@ -181,8 +202,9 @@ class BertClassifierModel(_ExampleLossModel):
     def is_regression(self) -> bool:
         return self.num_labels == 1
 
-    def loss_sums(self, params: Params, batch: Batch,
-                  dropout_rng: Array | None = None) -> dict[str, Array]:
+    def loss_sums(
+        self, params: Params, batch: Batch, dropout_rng: Array | None = None
+    ) -> dict[str, Array]:
         logits = self.apply(params, batch, dropout_rng)
         labels = batch["label"]
         if self.is_regression:
@@ -216,8 +238,9 @@ class BertMultipleChoiceModel(_ExampleLossModel):
         del pack
         return _features().MultipleChoiceFeatureConverter(self.num_choices)
 
-    def loss_sums(self, params: Params, batch: Batch,
-                  dropout_rng: Array | None = None) -> dict[str, Array]:
+    def loss_sums(
+        self, params: Params, batch: Batch, dropout_rng: Array | None = None
+    ) -> dict[str, Array]:
         scores = self.apply(params, batch, dropout_rng)
         labels = batch["label"]
         return self._sums(_xent(scores, labels), _correct(scores, labels), batch)
@@ -241,8 +264,9 @@ class BertSpanModel(_ExampleLossModel):
         del pack
         return _features().SpanFeatureConverter()
 
-    def loss_sums(self, params: Params, batch: Batch,
-                  dropout_rng: Array | None = None) -> dict[str, Array]:
+    def loss_sums(
+        self, params: Params, batch: Batch, dropout_rng: Array | None = None
+    ) -> dict[str, Array]:
         start_logits, end_logits = self.apply(params, batch, dropout_rng)
         start, end = batch["start_position"], batch["end_position"]
         loss = (_xent(start_logits, start) + _xent(end_logits, end)) / 2
@@ -262,8 +286,13 @@ class BertTaggerModel(_BertWrapper):
 
     FEATURES = _BertWrapper.FEATURES + ("labels", "label_weights")
 
-    def __init__(self, config: bert.BertConfig | None = None, num_labels: int = 9,
-                 feature_based: bool = False, lstm_size: int = 768) -> None:
+    def __init__(
+        self,
+        config: bert.BertConfig | None = None,
+        num_labels: int = 9,
+        feature_based: bool = False,
+        lstm_size: int = 768,
+    ) -> None:
         self.num_labels = num_labels
         self.feature_based = feature_based
         self.lstm_size = lstm_size
@@ -271,24 +300,27 @@ class BertTaggerModel(_BertWrapper):
         super().__init__(config)
 
     def _make_module(self) -> nn.Module:
-        return bert.BertForTokenClassification(self.config, self.num_labels,
-                                               self.feature_based, self.lstm_size)
+        return bert.BertForTokenClassification(
+            self.config, self.num_labels, self.feature_based, self.lstm_size
+        )
 
     def feature_converter(self, pack: bool) -> bert_features.TaggingFeatureConverter:
         del pack
         return _features().TaggingFeatureConverter()
 
-    def loss_sums(self, params: Params, batch: Batch,
-                  dropout_rng: Array | None = None) -> dict[str, Array]:
+    def loss_sums(
+        self, params: Params, batch: Batch, dropout_rng: Array | None = None
+    ) -> dict[str, Array]:
         logits = self.apply(params, batch, dropout_rng)
         labels, weights = batch["labels"], batch["label_weights"].astype(jnp.float32)
-        return {"loss_sum": jnp.sum(_xent(logits, labels) * weights),
-                "correct": jnp.sum(_correct(logits, labels) * weights),
-                "count": jnp.sum(weights)}
+        return {
+            "loss_sum": jnp.sum(_xent(logits, labels) * weights),
+            "correct": jnp.sum(_correct(logits, labels) * weights),
+            "count": jnp.sum(weights),
+        }
 
     def loss_denominators(self, batch: Batch) -> dict[str, Array]:
-        return {"loss_sum": jnp.maximum(jnp.sum(batch["label_weights"].astype(jnp.float32)),
-                                        1.0)}
+        return {"loss_sum": jnp.maximum(jnp.sum(batch["label_weights"].astype(jnp.float32)), 1.0)}
 
     metrics = _ExampleLossModel.metrics
 

@@ -69,21 +69,36 @@ class GPTConfig(layers.FamilyConfig):
     # with a leading layer axis instead of `layers_0..N-1` (checkpoints.scan_layout).
     scan_layers: bool = False
 
-    ARCHITECTURE_FIELDS = ("vocab_size", "max_position_embeddings", "hidden_size",
-                           "num_layers", "num_heads", "intermediate_size", "pre_layer_norm",
-                           "activation", "norm", "use_bias", "position_encoding",
-                           "relative_attention_num_buckets", "relative_attention_max_distance",
-                           "relative_attention_bidirectional", "tie_embeddings")
+    ARCHITECTURE_FIELDS = (
+        "vocab_size",
+        "max_position_embeddings",
+        "hidden_size",
+        "num_layers",
+        "num_heads",
+        "intermediate_size",
+        "pre_layer_norm",
+        "activation",
+        "norm",
+        "use_bias",
+        "position_encoding",
+        "relative_attention_num_buckets",
+        "relative_attention_max_distance",
+        "relative_attention_bidirectional",
+        "tie_embeddings",
+    )
     FAMILY = "gpt"
 
     def __post_init__(self) -> None:
-        choices = {"norm": ("layer_norm", "rms_norm"),
-                   "position_encoding": ("learned", "relative"),
-                   "initialization": ("normal", "t5")}
+        choices = {
+            "norm": ("layer_norm", "rms_norm"),
+            "position_encoding": ("learned", "relative"),
+            "initialization": ("normal", "t5"),
+        }
         for field, allowed in choices.items():
             if getattr(self, field) not in allowed:
-                raise ValueError(f"GPTConfig.{field}={getattr(self, field)!r}; choose one of "
-                                 f"{allowed}.")
+                raise ValueError(
+                    f"GPTConfig.{field}={getattr(self, field)!r}; choose one of {allowed}."
+                )
         layers.check_remat_policy(self.remat_policy)
         layers.check_attention_implementation(self.attention_implementation)
 
@@ -103,8 +118,7 @@ class GPTConfig(layers.FamilyConfig):
 
 def _norm(cfg: GPTConfig, name: str) -> nn.Module:
     if cfg.norm == "rms_norm":
-        return layers.RMSNorm(epsilon=cfg.layer_norm_epsilon, dtype=jnp.dtype(cfg.dtype),
-                              name=name)
+        return layers.RMSNorm(epsilon=cfg.layer_norm_epsilon, dtype=jnp.dtype(cfg.dtype), name=name)
     return layers.layer_norm(cfg.layer_norm_epsilon, jnp.dtype(cfg.dtype), name)
 
 
@@ -115,13 +129,17 @@ def _kernel_inits(cfg: GPTConfig) -> tuple:
     if cfg.initialization == "t5":
         return None, layers.fan_in_normal(), None
     init = layers.normal(cfg.initializer_range)
-    scaled = (layers.normal(cfg.initializer_range / (2 * cfg.num_layers) ** 0.5)
-              if cfg.scale_residual_init else None)
+    scaled = (
+        layers.normal(cfg.initializer_range / (2 * cfg.num_layers) ** 0.5)
+        if cfg.scale_residual_init
+        else None
+    )
     return init, init, scaled
 
 
-def decoder_mask(tokens: Array, segment_ids: Array | None = None,
-                 causal_attention: Array | None = None) -> Array:
+def decoder_mask(
+    tokens: Array, segment_ids: Array | None = None, causal_attention: Array | None = None
+) -> Array:
     """(batch, 1, len, len) attention mask: causal (query sees keys at or before it); with
     `causal_attention`, also every prefix position sees every other prefix position; with
     `segment_ids`, only keys of the query's own packed example."""
@@ -130,8 +148,11 @@ def decoder_mask(tokens: Array, segment_ids: Array | None = None,
         prefix = nn.make_attention_mask(causal_attention > 0, causal_attention > 0)
         causal = jnp.logical_or(causal, prefix)
     return nn.combine_masks(
-        causal, None if segment_ids is None else nn.make_attention_mask(
-            segment_ids, segment_ids, jnp.equal))
+        causal,
+        None
+        if segment_ids is None
+        else nn.make_attention_mask(segment_ids, segment_ids, jnp.equal),
+    )
 
 
 class DecoderBlock(nn.Module):
@@ -141,27 +162,47 @@ class DecoderBlock(nn.Module):
     config: GPTConfig
 
     @nn.compact
-    def __call__(self, x: Array, mask: Array | None, deterministic: bool,
-                 decode: bool = False, bias: Array | None = None) -> Array:
+    def __call__(
+        self,
+        x: Array,
+        mask: Array | None,
+        deterministic: bool,
+        decode: bool = False,
+        bias: Array | None = None,
+    ) -> Array:
         cfg = self.config
         dtype = jnp.dtype(cfg.dtype)
         attention_init, mlp_init, output_init = _kernel_inits(cfg)
         attention = layers.MultiHeadAttention(
-            cfg.num_heads, cfg.head_dim, dropout_rate=cfg.attention_dropout_rate, dtype=dtype,
-            use_bias=cfg.use_bias, kernel_init=attention_init, output_kernel_init=output_init,
-            implementation=cfg.attention_implementation, name="attention")
-        mlp = layers.MlpBlock(cfg.intermediate_size, activations=cfg.activations, dtype=dtype,
-                              use_bias=cfg.use_bias, kernel_init=mlp_init,
-                              output_kernel_init=output_init, name="mlp")
+            cfg.num_heads,
+            cfg.head_dim,
+            dropout_rate=cfg.attention_dropout_rate,
+            dtype=dtype,
+            use_bias=cfg.use_bias,
+            kernel_init=attention_init,
+            output_kernel_init=output_init,
+            implementation=cfg.attention_implementation,
+            name="attention",
+        )
+        mlp = layers.MlpBlock(
+            cfg.intermediate_size,
+            activations=cfg.activations,
+            dtype=dtype,
+            use_bias=cfg.use_bias,
+            kernel_init=mlp_init,
+            output_kernel_init=output_init,
+            name="mlp",
+        )
         dropout = layers.Dropout(cfg.dropout_rate)
         if cfg.pre_layer_norm:
             h = _norm(cfg, "attention_norm")(x)
-            x = x + dropout(attention(h, h, mask=mask, bias=bias, deterministic=deterministic,
-                                      decode=decode), deterministic=deterministic)
+            x = x + dropout(
+                attention(h, h, mask=mask, bias=bias, deterministic=deterministic, decode=decode),
+                deterministic=deterministic,
+            )
             h = _norm(cfg, "mlp_norm")(x)
             return x + dropout(mlp(h), deterministic=deterministic)
-        attended = attention(x, x, mask=mask, bias=bias, deterministic=deterministic,
-                             decode=decode)
+        attended = attention(x, x, mask=mask, bias=bias, deterministic=deterministic, decode=decode)
         x = _norm(cfg, "attention_norm")(x + dropout(attended, deterministic=deterministic))
         hidden = dropout(mlp(x), deterministic=deterministic)
         return _norm(cfg, "mlp_norm")(x + hidden)
@@ -177,47 +218,80 @@ class DecoderOnly(nn.Module):
     def setup(self) -> None:
         cfg = self.config
         dtype = jnp.dtype(cfg.dtype)
-        embedding_init = (nn.initializers.normal(stddev=1.0) if cfg.initialization == "t5"
-                          else nn.initializers.normal(stddev=cfg.initializer_range))
-        self.words = layers.Embed(cfg.embedding_rows, cfg.hidden_size, dtype=dtype,
-                                  embedding_init=embedding_init, name="token_embeddings")
+        embedding_init = (
+            nn.initializers.normal(stddev=1.0)
+            if cfg.initialization == "t5"
+            else nn.initializers.normal(stddev=cfg.initializer_range)
+        )
+        self.words = layers.Embed(
+            cfg.embedding_rows,
+            cfg.hidden_size,
+            dtype=dtype,
+            embedding_init=embedding_init,
+            name="token_embeddings",
+        )
         if cfg.learned_positions:
-            self.positions = layers._param(self, "position_embeddings", embedding_init,
-                                           (cfg.max_position_embeddings, cfg.hidden_size),
-                                           ("positions", "embed"))
+            self.positions = layers._param(
+                self,
+                "position_embeddings",
+                embedding_init,
+                (cfg.max_position_embeddings, cfg.hidden_size),
+                ("positions", "embed"),
+            )
         else:
             self.relpos = layers.RelativePositionBias(
                 num_buckets=cfg.relative_attention_num_buckets,
-                max_distance=cfg.relative_attention_max_distance, num_heads=cfg.num_heads,
-                bidirectional=cfg.relative_attention_bidirectional, dtype=dtype,
-                name="relpos_bias")
+                max_distance=cfg.relative_attention_max_distance,
+                num_heads=cfg.num_heads,
+                bidirectional=cfg.relative_attention_bidirectional,
+                dtype=dtype,
+                name="relpos_bias",
+            )
         self.dropout = layers.Dropout(cfg.dropout_rate)
         if cfg.scan_layers:
-            self.blocks = layers.scanned_stack(DecoderBlock, cfg.num_layers, cfg.remat_policy,
-                                               (3, 4), num_args=4)(cfg, name=layers.SCANNED_STACK)
+            self.blocks = layers.scanned_stack(
+                DecoderBlock, cfg.num_layers, cfg.remat_policy, (3, 4), num_args=4
+            )(cfg, name=layers.SCANNED_STACK)
         else:
             block = layers.remat(DecoderBlock, cfg.remat_policy, static_argnums=(3, 4))
             self.blocks = [block(cfg, name=f"layers_{i}") for i in range(cfg.num_layers)]
         self.final_norm = _norm(cfg, "final_norm") if cfg.pre_layer_norm else None
         if not cfg.tie_embeddings:
             self.logits_dense = layers.Dense(
-                (cfg.embedding_rows,), ("embed",), ("vocab",), dtype=dtype,
-                kernel_init=(layers.fan_in_normal() if cfg.initialization == "t5"
-                             else layers.normal(cfg.initializer_range)), name="logits_dense")
+                (cfg.embedding_rows,),
+                ("embed",),
+                ("vocab",),
+                dtype=dtype,
+                kernel_init=(
+                    layers.fan_in_normal()
+                    if cfg.initialization == "t5"
+                    else layers.normal(cfg.initializer_range)
+                ),
+                name="logits_dense",
+            )
 
-    def hidden_states(self, tokens: Array, positions: Array | None = None,
-                      segment_ids: Array | None = None, causal_attention: Array | None = None,
-                      deterministic: bool = True, mask: Array | None = None,
-                      decode: bool = False, max_decode_length: int | None = None) -> Array:
+    def hidden_states(
+        self,
+        tokens: Array,
+        positions: Array | None = None,
+        segment_ids: Array | None = None,
+        causal_attention: Array | None = None,
+        deterministic: bool = True,
+        mask: Array | None = None,
+        decode: bool = False,
+        max_decode_length: int | None = None,
+    ) -> Array:
         """The last block's output (after the final norm for pre-LN models): what a
         fine-tuning head reads. With `decode`, the new positions go into the key/value cache
         (sized `max_decode_length`) and `mask` must cover the whole cache."""
         cfg = self.config
         length = max_decode_length if decode and max_decode_length else tokens.shape[1]
         if cfg.learned_positions and length > cfg.max_position_embeddings:
-            raise ValueError(f"Sequence length {length} exceeds the model's "
-                             f"{cfg.max_position_embeddings} learned positions; shorten the "
-                             "task feature lengths or use a model with more positions.")
+            raise ValueError(
+                f"Sequence length {length} exceeds the model's "
+                f"{cfg.max_position_embeddings} learned positions; shorten the "
+                "task feature lengths or use a model with more positions."
+            )
         x = self.words(tokens)
         if cfg.learned_positions:
             if positions is None:
@@ -239,16 +313,31 @@ class DecoderOnly(nn.Module):
         if not cfg.tie_embeddings:
             return self.logits_dense(hidden)
         if cfg.initialization == "t5":
-            hidden = hidden * cfg.hidden_size ** -0.5
+            hidden = hidden * cfg.hidden_size**-0.5
         return self.words.attend(hidden)
 
-    def __call__(self, tokens: Array, positions: Array | None = None,
-                 segment_ids: Array | None = None, causal_attention: Array | None = None,
-                 deterministic: bool = True, mask: Array | None = None, decode: bool = False,
-                 max_decode_length: int | None = None) -> Array:
+    def __call__(
+        self,
+        tokens: Array,
+        positions: Array | None = None,
+        segment_ids: Array | None = None,
+        causal_attention: Array | None = None,
+        deterministic: bool = True,
+        mask: Array | None = None,
+        decode: bool = False,
+        max_decode_length: int | None = None,
+    ) -> Array:
         """Next-token logits (batch, length, vocab)."""
-        hidden = self.hidden_states(tokens, positions, segment_ids, causal_attention,
-                                    deterministic, mask, decode, max_decode_length)
+        hidden = self.hidden_states(
+            tokens,
+            positions,
+            segment_ids,
+            causal_attention,
+            deterministic,
+            mask,
+            decode,
+            max_decode_length,
+        )
         return self.logits_from_hidden(hidden).astype(jnp.float32)
 
 
@@ -264,21 +353,33 @@ class DecoderOnlyModel:
     "language model" architecture, causal everywhere, on the same text-to-text data.
     """
 
-    FEATURES = ("decoder_input_tokens", "decoder_target_tokens", "decoder_loss_weights",
-                "decoder_segment_ids", "decoder_positions", "decoder_causal_attention")
+    FEATURES = (
+        "decoder_input_tokens",
+        "decoder_target_tokens",
+        "decoder_loss_weights",
+        "decoder_segment_ids",
+        "decoder_positions",
+        "decoder_causal_attention",
+    )
     PROMPT_FEATURE = "prompt_tokens"
     ATTENTION_MODES = ("prefix", "causal")
 
-    def __init__(self, config: GPTConfig | None = None,
-                 loss_normalizing_factor: float | str | None = "num_real_target_tokens",
-                 attention: str = "prefix", loss_on_targets_only: bool = True,
-                 start_token_id: int = 0, eos_id: int = 1,
-                 loss_chunk_length: int | None = None) -> None:
+    def __init__(
+        self,
+        config: GPTConfig | None = None,
+        loss_normalizing_factor: float | str | None = "num_real_target_tokens",
+        attention: str = "prefix",
+        loss_on_targets_only: bool = True,
+        start_token_id: int = 0,
+        eos_id: int = 1,
+        loss_chunk_length: int | None = None,
+    ) -> None:
         """`loss_chunk_length`: compute the training loss that many positions at a time
         (`losses.chunked_loss_sums`), never holding the whole batch's logits."""
         if attention not in self.ATTENTION_MODES:
-            raise ValueError(f"DecoderOnlyModel.attention={attention!r}; choose one of "
-                             f"{self.ATTENTION_MODES}.")
+            raise ValueError(
+                f"DecoderOnlyModel.attention={attention!r}; choose one of {self.ATTENTION_MODES}."
+            )
         self.config = config if config is not None else GPTConfig()
         self.module = DecoderOnly(self.config)
         self.loss_normalizing_factor = loss_normalizing_factor
@@ -297,26 +398,40 @@ class DecoderOnlyModel:
     def feature_converter(self, pack: bool):
         import seqio
 
-        return seqio.DecoderFeatureConverter(pack=pack,
-                                             loss_on_targets_only=self.loss_on_targets_only)
+        return seqio.DecoderFeatureConverter(
+            pack=pack, loss_on_targets_only=self.loss_on_targets_only
+        )
 
     def _causal_attention(self, batch) -> Array | None:
         return batch.get("decoder_causal_attention") if self.attention == "prefix" else None
 
-    def logits(self, params, batch, dropout_rng: Array | None = None,
-               return_hidden: bool = False) -> Array:
+    def logits(
+        self, params, batch, dropout_rng: Array | None = None, return_hidden: bool = False
+    ) -> Array:
         """(batch, length, vocab) float32 logits, or the final hidden states."""
         rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
         return self.module.apply(
-            {"params": params}, batch["decoder_input_tokens"], batch.get("decoder_positions"),
-            batch.get("decoder_segment_ids"), self._causal_attention(batch),
-            deterministic=dropout_rng is None, rngs=rngs,
-            method=DecoderOnly.hidden_states if return_hidden else None)
+            {"params": params},
+            batch["decoder_input_tokens"],
+            batch.get("decoder_positions"),
+            batch.get("decoder_segment_ids"),
+            self._causal_attention(batch),
+            deterministic=dropout_rng is None,
+            rngs=rngs,
+            method=DecoderOnly.hidden_states if return_hidden else None,
+        )
 
     # ----------------------------------------------------------------------------- decoding
-    def predict_batch(self, params, batch, max_decode_length: int,
-                      return_scores: bool = False, decode=None,
-                      return_all_beams: bool = False, rng: Array | None = None):
+    def predict_batch(
+        self,
+        params,
+        batch,
+        max_decode_length: int,
+        return_scores: bool = False,
+        decode=None,
+        return_all_beams: bool = False,
+        rng: Array | None = None,
+    ):
         """Continue each prompt (`batch['prompt_tokens']`, right-padded with 0; a text-to-text
         example's `inputs`) by up to `max_decode_length` tokens on the key/value cache, with
         the same greedy / beam / sampling loops as T5 (`decoding.DecodeConfig`).
@@ -336,18 +451,27 @@ class DecoderOnlyModel:
         tokens_to_logits, cache = self._prefilled_decoder(params, prompt, max_decode_length)
         ids = dict(start_token_id=self.start_token_id, eos_id=self.eos_id)
         if decode.method == "beam":
-            seqs, scores = decoding.beam_search(tokens_to_logits, cache, batch_size, beams,
-                                                max_decode_length, decode.alpha, **ids)
+            seqs, scores = decoding.beam_search(
+                tokens_to_logits, cache, batch_size, beams, max_decode_length, decode.alpha, **ids
+            )
             if not return_all_beams:
                 seqs, scores = seqs[:, 0], scores[:, 0]
         elif decode.method == "sample":
             seqs, scores = decoding.sample_decode(
-                tokens_to_logits, cache, batch_size, max_decode_length,
-                rng if rng is not None else jax.random.key(decode.seed), decode.temperature,
-                decode.top_k, decode.top_p, **ids)
+                tokens_to_logits,
+                cache,
+                batch_size,
+                max_decode_length,
+                rng if rng is not None else jax.random.key(decode.seed),
+                decode.temperature,
+                decode.top_k,
+                decode.top_p,
+                **ids,
+            )
         else:
-            seqs, scores = decoding.greedy_decode(tokens_to_logits, cache, batch_size,
-                                                  max_decode_length, **ids)
+            seqs, scores = decoding.greedy_decode(
+                tokens_to_logits, cache, batch_size, max_decode_length, **ids
+            )
         return (seqs, scores) if return_scores else seqs
 
     def _prefilled_decoder(self, params, prompt: Array, max_decode_length: int):
@@ -361,7 +485,8 @@ class DecoderOnlyModel:
         pad = width - lengths  # left padding per row
         slots = jnp.arange(width)[None, :]
         with_start = jnp.concatenate(
-            [jnp.full((rows, 1), self.start_token_id, jnp.int32), prompt], axis=1)
+            [jnp.full((rows, 1), self.start_token_id, jnp.int32), prompt], axis=1
+        )
         source = jnp.clip(slots - pad[:, None], 0, width - 1)
         real = slots >= pad[:, None]
         tokens = jnp.where(real, jnp.take_along_axis(with_start, source, axis=1), 0)
@@ -369,25 +494,39 @@ class DecoderOnlyModel:
         visible_prefix = real.astype(jnp.int32) if self.attention == "prefix" else None
         key_real = jnp.concatenate([real, jnp.ones((rows, max_decode_length), bool)], axis=1)
         prefill_mask = jnp.logical_and(
-            jnp.pad(decoder_mask(tokens, None, visible_prefix),
-                    ((0, 0), (0, 0), (0, 0), (0, max_decode_length))),
-            key_real[:, None, None, :])
-        apply = functools.partial(self.module.apply, decode=True, max_decode_length=total,
-                                  mutable=["cache"])
-        _, shapes = jax.eval_shape(apply, {"params": params},
-                                   jnp.zeros((rows, total), jnp.int32),
-                                   mask=jnp.ones((rows, 1, total, total), bool))
+            jnp.pad(
+                decoder_mask(tokens, None, visible_prefix),
+                ((0, 0), (0, 0), (0, 0), (0, max_decode_length)),
+            ),
+            key_real[:, None, None, :],
+        )
+        apply = functools.partial(
+            self.module.apply, decode=True, max_decode_length=total, mutable=["cache"]
+        )
+        _, shapes = jax.eval_shape(
+            apply,
+            {"params": params},
+            jnp.zeros((rows, total), jnp.int32),
+            mask=jnp.ones((rows, 1, total, total), bool),
+        )
         cache = jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype), shapes["cache"])
-        logits, variables = apply({"params": params, "cache": cache}, tokens, positions,
-                                  mask=prefill_mask)
+        logits, variables = apply(
+            {"params": params, "cache": cache}, tokens, positions, mask=prefill_mask
+        )
         step_mask = key_real[:, None, None, :]
 
         def tokens_to_logits(token_ids: Array, state):
             def run():
                 step_positions = (width + state["step"] - 1 - pad)[:, None]
                 out, new = self.module.apply(
-                    {"params": params, "cache": state["model"]}, token_ids, step_positions,
-                    mask=step_mask, decode=True, max_decode_length=total, mutable=["cache"])
+                    {"params": params, "cache": state["model"]},
+                    token_ids,
+                    step_positions,
+                    mask=step_mask,
+                    decode=True,
+                    max_decode_length=total,
+                    mutable=["cache"],
+                )
                 return out, new["cache"]
 
             def first():
@@ -396,8 +535,11 @@ class DecoderOnlyModel:
             out, model_cache = jax.lax.cond(state["step"] > 0, run, first)
             return out, {**state, "model": model_cache, "step": state["step"] + 1}
 
-        state = {"model": variables["cache"], "first_logits": logits[:, -1],
-                 "step": jnp.array(0, jnp.int32)}
+        state = {
+            "model": variables["cache"],
+            "first_logits": logits[:, -1],
+            "step": jnp.array(0, jnp.int32),
+        }
         return tokens_to_logits, state
 
     def loss_sums(self, params, batch, dropout_rng: Array | None = None) -> dict[str, Array]:
@@ -408,10 +550,14 @@ class DecoderOnlyModel:
         if self.loss_chunk_length:
             hidden = self.logits(params, batch, dropout_rng, return_hidden=True)
             sums = losses.chunked_loss_sums(
-                lambda h: self.module.apply({"params": params}, h,
-                                            method=DecoderOnly.logits_from_hidden
-                                            ).astype(jnp.float32),
-                hidden, targets, weights, self.loss_chunk_length)
+                lambda h: self.module.apply(
+                    {"params": params}, h, method=DecoderOnly.logits_from_hidden
+                ).astype(jnp.float32),
+                hidden,
+                targets,
+                weights,
+                self.loss_chunk_length,
+            )
         else:
             sums = losses.loss_sums(self.logits(params, batch, dropout_rng), targets, weights)
         return {**sums, "weight_sum": jnp.sum(weights)}
@@ -419,14 +565,21 @@ class DecoderOnlyModel:
     def loss_denominators(self, batch) -> dict[str, Array]:
         from t5x_like import losses
 
-        return {"loss_sum": losses.normalizing_factor(jnp.sum(_target_weights(batch)),
-                                                      self.loss_normalizing_factor)}
+        return {
+            "loss_sum": losses.normalizing_factor(
+                jnp.sum(_target_weights(batch)), self.loss_normalizing_factor
+            )
+        }
 
     def metrics(self, sums) -> dict[str, Array]:
         weight = jnp.maximum(sums["weight_sum"], 1.0)
         loss = sums["loss_sum"] / weight
-        return {"loss": loss, "accuracy": sums["correct"] / weight,
-                "perplexity": jnp.exp(loss), "nonpadding_tokens": jnp.asarray(sums["weight_sum"])}
+        return {
+            "loss": loss,
+            "accuracy": sums["correct"] / weight,
+            "perplexity": jnp.exp(loss),
+            "nonpadding_tokens": jnp.asarray(sums["weight_sum"]),
+        }
 
 
 def _target_weights(batch) -> Array:

@@ -79,8 +79,10 @@ def relative_buckets(relative_position: Array, spec: RelativeBias) -> Array:
     # log(0) -> -inf for the small offsets, which the `where` never selects: clamp first.
     scaled = jnp.maximum(n, 1).astype(jnp.float32) / max_exact + np.finfo(np.float32).eps
     val_if_large = max_exact + (
-        jnp.log(scaled) / np.float32(np.log(spec.max_distance / max_exact))
-        * (num_buckets - max_exact)).astype(n.dtype)
+        jnp.log(scaled)
+        / np.float32(np.log(spec.max_distance / max_exact))
+        * (num_buckets - max_exact)
+    ).astype(n.dtype)
     val_if_large = jnp.minimum(val_if_large, num_buckets - 1)
     return ret + jnp.where(is_small, n, val_if_large)
 
@@ -181,8 +183,9 @@ def _num_key_blocks(static: _Static, q_block):
     return jnp.minimum(total, jax.lax.div(last, static.block_k) + 1)
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, qid_ref, kvid_ref, table_ref, o_ref, m_ref, l_ref, *,
-                    static: _Static):
+def _forward_kernel(
+    q_ref, k_ref, v_ref, qid_ref, kvid_ref, table_ref, o_ref, m_ref, l_ref, *, static: _Static
+):
     q_block = pl.program_id(2)
     q = q_ref[...]
     q_ids = qid_ref[...]
@@ -202,16 +205,20 @@ def _forward_kernel(q_ref, k_ref, v_ref, qid_ref, kvid_ref, table_ref, o_ref, m_
         acc = alpha * acc + jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
         return m_new, l, acc
 
-    init = (jnp.full((bq, 1), -jnp.inf, jnp.float32), jnp.zeros((bq, 1), jnp.float32),
-            jnp.zeros((bq, q.shape[-1]), jnp.float32))
+    init = (
+        jnp.full((bq, 1), -jnp.inf, jnp.float32),
+        jnp.zeros((bq, 1), jnp.float32),
+        jnp.zeros((bq, q.shape[-1]), jnp.float32),
+    )
     m, l, acc = jax.lax.fori_loop(0, _num_key_blocks(static, q_block), body, init)
     o_ref[...] = (acc / l).astype(o_ref.dtype)
     m_ref[...] = m
     l_ref[...] = l
 
 
-def _tile_grads(static: _Static, q, k, v, do, m, l, delta, q_start, k_start, q_ids, kv_ids,
-                table_ref):
+def _tile_grads(
+    static: _Static, q, k, v, do, m, l, delta, q_start, k_start, q_ids, kv_ids, table_ref
+):
     """One tile's probabilities p and logit gradient dS = p * (dO V^T - delta), masked; both
     backward kernels need them (and the buckets, for the table gradient)."""
     s, mask, buckets = _logits(static, q, k, q_start, k_start, q_ids, kv_ids, table_ref)
@@ -220,8 +227,22 @@ def _tile_grads(static: _Static, q, k, v, do, m, l, delta, q_start, k_start, q_i
     return p, jnp.where(mask, p * (dp - delta), 0.0), buckets
 
 
-def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, m_ref, l_ref, delta_ref, qid_ref, kvid_ref, table_ref,
-                 dk_ref, dv_ref, *, static: _Static):
+def _dkdv_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    m_ref,
+    l_ref,
+    delta_ref,
+    qid_ref,
+    kvid_ref,
+    table_ref,
+    dk_ref,
+    dv_ref,
+    *,
+    static: _Static,
+):
     k_block = pl.program_id(2)
     bq, bk = static.block_q, static.block_k
     k = k_ref[...]
@@ -234,13 +255,27 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, m_ref, l_ref, delta_ref, qid_ref, 
         rows = pl.ds(i * bq, bq)
         q = q_ref[rows, :]
         do = do_ref[rows, :]
-        p, ds, _ = _tile_grads(static, q, k, v, do, m_ref[rows, :], l_ref[rows, :],
-                               delta_ref[rows, :], i * bq, k_start, qid_ref[rows, :], kv_ids,
-                               table_ref)
-        dv = dv + jax.lax.dot_general(p.astype(do.dtype), do, (((0,), (0,)), ((), ())),
-                                      preferred_element_type=jnp.float32)
-        dk = dk + jax.lax.dot_general(ds.astype(q.dtype), q, (((0,), (0,)), ((), ())),
-                                      preferred_element_type=jnp.float32)
+        p, ds, _ = _tile_grads(
+            static,
+            q,
+            k,
+            v,
+            do,
+            m_ref[rows, :],
+            l_ref[rows, :],
+            delta_ref[rows, :],
+            i * bq,
+            k_start,
+            qid_ref[rows, :],
+            kv_ids,
+            table_ref,
+        )
+        dv = dv + jax.lax.dot_general(
+            p.astype(do.dtype), do, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+        )
+        dk = dk + jax.lax.dot_general(
+            ds.astype(q.dtype), q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+        )
         return dk, dv
 
     # earlier queries cannot see these keys (lax.div: see _num_key_blocks)
@@ -251,8 +286,22 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, m_ref, l_ref, delta_ref, qid_ref, 
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, do_ref, m_ref, l_ref, delta_ref, qid_ref, kvid_ref, table_ref,
-               dq_ref, dtable_ref, *, static: _Static):
+def _dq_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    m_ref,
+    l_ref,
+    delta_ref,
+    qid_ref,
+    kvid_ref,
+    table_ref,
+    dq_ref,
+    dtable_ref,
+    *,
+    static: _Static,
+):
     q_block = pl.program_id(2)
     bq, bk = static.block_q, static.block_k
     q = q_ref[...]
@@ -266,8 +315,9 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, m_ref, l_ref, delta_ref, qid_ref, kv
         keys = pl.ds(j * bk, bk)
         k = k_ref[keys, :]
         v = v_ref[keys, :]
-        _, ds, buckets = _tile_grads(static, q, k, v, do, m, l, delta, q_start, j * bk, q_ids,
-                                     kvid_ref[:, keys], table_ref)
+        _, ds, buckets = _tile_grads(
+            static, q, k, v, do, m, l, delta, q_start, j * bk, q_ids, kvid_ref[:, keys], table_ref
+        )
         dq = dq + jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
         if buckets is not None:  # the bias gradient: dS summed per bucket
             slot = jax.lax.broadcasted_iota(jnp.int32, (1, num_buckets), 1)
@@ -275,8 +325,9 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, m_ref, l_ref, delta_ref, qid_ref, kv
 
             def every_bucket(dtable):
                 for b in range(num_buckets):  # a vector update per bucket (no scalar stores)
-                    dtable = jnp.where(slot == b,
-                                       dtable + jnp.sum(jnp.where(buckets == b, ds, 0.0)), dtable)
+                    dtable = jnp.where(
+                        slot == b, dtable + jnp.sum(jnp.where(buckets == b, ds, 0.0)), dtable
+                    )
                 return dtable
 
             def one_bucket(dtable):  # a far tile: all of dS in one bucket
@@ -308,7 +359,8 @@ def _specs(static: _Static, head_dim: int):
         all_ids_q=pl.BlockSpec((None, lq, 1), lambda b, h, i: (b, 0, 0)),
         ids_k=pl.BlockSpec((None, 1, bk), lambda b, h, i: (b, 0, i)),
         all_ids_k=pl.BlockSpec((None, 1, lk), lambda b, h, i: (b, 0, 0)),
-        table=pl.BlockSpec((None, 1, static.num_buckets), lambda b, h, i: (h, 0, 0)))
+        table=pl.BlockSpec((None, 1, static.num_buckets), lambda b, h, i: (h, 0, 0)),
+    )
 
 
 def _kernel_layout(q_ids, kv_ids, table):
@@ -322,11 +374,11 @@ def _forward(static: _Static, q, k, v, q_ids, kv_ids, table):
     return pl.pallas_call(
         functools.partial(_forward_kernel, static=static),
         grid=(batch, heads, static.q_len // static.block_q),
-        in_specs=[sp["by_q"], sp["all_k"], sp["all_k"], sp["ids_q"], sp["all_ids_k"],
-                  sp["table"]],
+        in_specs=[sp["by_q"], sp["all_k"], sp["all_k"], sp["ids_q"], sp["all_ids_k"], sp["table"]],
         out_specs=[sp["by_q"], sp["rows_q"], sp["rows_q"]],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), column, column],
-        **_compile_options(static), name="t5_flash_attention_fwd",
+        **_compile_options(static),
+        name="t5_flash_attention_fwd",
     )(q, k, v, *_kernel_layout(q_ids, kv_ids, table))
 
 
@@ -338,26 +390,49 @@ def _backward(static: _Static, q, k, v, q_ids, kv_ids, table, out, m, l, dout):
     dk, dv = pl.pallas_call(
         functools.partial(_dkdv_kernel, static=static),
         grid=(batch, heads, static.kv_len // static.block_k),
-        in_specs=[sp["all_q"], sp["by_k"], sp["by_k"], sp["all_q"], sp["all_rows_q"],
-                  sp["all_rows_q"], sp["all_rows_q"], sp["all_ids_q"], sp["ids_k"],
-                  sp["table"]],
+        in_specs=[
+            sp["all_q"],
+            sp["by_k"],
+            sp["by_k"],
+            sp["all_q"],
+            sp["all_rows_q"],
+            sp["all_rows_q"],
+            sp["all_rows_q"],
+            sp["all_ids_q"],
+            sp["ids_k"],
+            sp["table"],
+        ],
         out_specs=[sp["by_k"], sp["by_k"]],
-        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
-                   jax.ShapeDtypeStruct(v.shape, v.dtype)],
-        **_compile_options(static), name="t5_flash_attention_dkdv",
+        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        **_compile_options(static),
+        name="t5_flash_attention_dkdv",
     )(*args)
     num_q_blocks, num_buckets = static.q_len // static.block_q, static.num_buckets
     dq, dtable = pl.pallas_call(
         functools.partial(_dq_kernel, static=static),
         grid=(batch, heads, num_q_blocks),
-        in_specs=[sp["by_q"], sp["all_k"], sp["all_k"], sp["by_q"], sp["rows_q"],
-                  sp["rows_q"], sp["rows_q"], sp["ids_q"], sp["all_ids_k"], sp["table"]],
-        out_specs=[sp["by_q"], pl.BlockSpec((None, None, None, 1, num_buckets),
-                                            lambda b, h, i: (b, h, i, 0, 0))],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
-                   jax.ShapeDtypeStruct((batch, heads, num_q_blocks, 1, num_buckets),
-                                        jnp.float32)],
-        **_compile_options(static), name="t5_flash_attention_dq",
+        in_specs=[
+            sp["by_q"],
+            sp["all_k"],
+            sp["all_k"],
+            sp["by_q"],
+            sp["rows_q"],
+            sp["rows_q"],
+            sp["rows_q"],
+            sp["ids_q"],
+            sp["all_ids_k"],
+            sp["table"],
+        ],
+        out_specs=[
+            sp["by_q"],
+            pl.BlockSpec((None, None, None, 1, num_buckets), lambda b, h, i: (b, h, i, 0, 0)),
+        ],
+        out_shape=[
+            jax.ShapeDtypeStruct(q.shape, q.dtype),
+            jax.ShapeDtypeStruct((batch, heads, num_q_blocks, 1, num_buckets), jnp.float32),
+        ],
+        **_compile_options(static),
+        name="t5_flash_attention_dq",
     )(*args)
     dtable = jnp.sum(dtable, axis=(0, 2, 3)).astype(table.dtype)
     return dq, dk, dv, dtable
@@ -368,12 +443,15 @@ _PLATFORMS = ("cpu", "gpu", "cuda", "rocm", "tpu")
 
 def _check_platform(platform: str) -> None:
     if platform not in _PLATFORMS:
-        raise ValueError(f"flash attention has no compiler for platform {platform!r}; "
-                         f"use one of {sorted(_PLATFORMS)}.")
+        raise ValueError(
+            f"flash attention has no compiler for platform {platform!r}; "
+            f"use one of {sorted(_PLATFORMS)}."
+        )
 
 
 _TARGET_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "flash_attention_target_platform", default=None)
+    "flash_attention_target_platform", default=None
+)
 
 
 @contextlib.contextmanager
@@ -400,9 +478,14 @@ def _compile_options(static: _Static) -> dict:
         return {"interpret": True}
     if static.platform == "tpu":
         from jax.experimental.pallas import tpu as pltpu
-        return {"compiler_params": pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel"))}
+
+        return {
+            "compiler_params": pltpu.CompilerParams(
+                dimension_semantics=("parallel", "parallel", "parallel")
+            )
+        }
     from jax.experimental.pallas import triton as pltriton
+
     return {"compiler_params": pltriton.CompilerParams(num_warps=4, num_stages=2)}
 
 
@@ -443,10 +526,20 @@ def _pad_to(x: Array, length: int, value: int = 0) -> Array:
     return jnp.pad(x, widths, constant_values=value)
 
 
-def flash_attention(query: Array, key: Array, value: Array, q_ids: Array, kv_ids: Array, *,
-                    causal: bool = False, relative_table: Array | None = None,
-                    relative_bias: RelativeBias | None = None, block_q: int = 128,
-                    block_k: int = 128, platform: str | None = None) -> Array:
+def flash_attention(
+    query: Array,
+    key: Array,
+    value: Array,
+    q_ids: Array,
+    kv_ids: Array,
+    *,
+    causal: bool = False,
+    relative_table: Array | None = None,
+    relative_bias: RelativeBias | None = None,
+    block_q: int = 128,
+    block_k: int = 128,
+    platform: str | None = None,
+) -> Array:
     """softmax(q k^T + bias, masked) v for (batch, length, heads, head_dim) inputs, no logit
     scaling (T5 folds it into the query), equal to the reference attention with the dense mask
     `q_ids[:, :, None] == kv_ids[:, None, :]` (and causal) and, given `relative_table`
@@ -466,16 +559,26 @@ def flash_attention(query: Array, key: Array, value: Array, q_ids: Array, kv_ids
     # Lengths off the tile grid are padded: padded queries match no key (id -3) and are
     # dropped from the output, padded keys match no query (id -4).
     padded_q, padded_kv = -(-q_len // block_q) * block_q, -(-kv_len // block_k) * block_k
-    static = _Static(causal=causal, bias=relative_bias, block_q=block_q, block_k=block_k,
-                     q_len=padded_q, kv_len=padded_kv, platform=platform)
-    table = (relative_table if relative_table is not None
-             else jnp.zeros((heads, 1), jnp.float32))
+    static = _Static(
+        causal=causal,
+        bias=relative_bias,
+        block_q=block_q,
+        block_k=block_k,
+        q_len=padded_q,
+        kv_len=padded_kv,
+        platform=platform,
+    )
+    table = relative_table if relative_table is not None else jnp.zeros((heads, 1), jnp.float32)
     to_heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731  (b, l, h, d) -> (b, h, l, d)
-    out = _attention(static, to_heads_first(_pad_to(query, padded_q)),
-                     to_heads_first(_pad_to(key, padded_kv)),
-                     to_heads_first(_pad_to(value, padded_kv)),
-                     _pad_to(q_ids.astype(jnp.int32), padded_q, -3),
-                     _pad_to(kv_ids.astype(jnp.int32), padded_kv, -4), table)
+    out = _attention(
+        static,
+        to_heads_first(_pad_to(query, padded_q)),
+        to_heads_first(_pad_to(key, padded_kv)),
+        to_heads_first(_pad_to(value, padded_kv)),
+        _pad_to(q_ids.astype(jnp.int32), padded_q, -3),
+        _pad_to(kv_ids.astype(jnp.int32), padded_kv, -4),
+        table,
+    )
     return to_heads_first(out)[:, :q_len]
 
 
@@ -499,8 +602,9 @@ class FlashBias:
     spec: RelativeBias = flax.struct.field(pytree_node=False)
 
 
-def attend(query: Array, key: Array, value: Array, mask: FlashMask,
-           bias: FlashBias | None) -> Array:
+def attend(
+    query: Array, key: Array, value: Array, mask: FlashMask, bias: FlashBias | None
+) -> Array:
     """`flash_attention` with the mask and bias in their structured forms.
 
     Under a device mesh (the trainer's `jax.set_mesh`) the kernel runs per shard through
@@ -514,23 +618,33 @@ def attend(query: Array, key: Array, value: Array, mask: FlashMask,
     table = bias.table if bias is not None else jnp.zeros((query.shape[2], 1), jnp.float32)
 
     def run(q, k, v, q_ids, kv_ids, table):
-        return flash_attention(q, k, v, q_ids, kv_ids, causal=mask.causal,
-                               relative_table=None if spec is None else table,
-                               relative_bias=spec)
+        return flash_attention(
+            q,
+            k,
+            v,
+            q_ids,
+            kv_ids,
+            causal=mask.causal,
+            relative_table=None if spec is None else table,
+            relative_bias=spec,
+        )
 
     mesh = jax.sharding.get_abstract_mesh()
     args = (query, key, value, mask.q_ids, mask.kv_ids, table)
     if mesh.empty or mesh.size == 1:
         return run(*args)
     batch_axes, _, head_axes, _ = nn.logical_to_mesh_axes(("batch", "length", "heads", "kv"))
-    if not (_splits(query.shape[0], batch_axes, mesh)
-            and _splits(query.shape[2], head_axes, mesh)):
+    if not (_splits(query.shape[0], batch_axes, mesh) and _splits(query.shape[2], head_axes, mesh)):
         return run(*args)  # shapes that do not split (the batch-1 trace of `init`): one call
     P = jax.sharding.PartitionSpec
     per_token = P(batch_axes, None, head_axes, None)
     ids = P(batch_axes, None)
-    return jax.shard_map(run, in_specs=(per_token,) * 3 + (ids,) * 2 + (P(head_axes, None),),
-                         out_specs=per_token, check_vma=False)(*args)
+    return jax.shard_map(
+        run,
+        in_specs=(per_token,) * 3 + (ids,) * 2 + (P(head_axes, None),),
+        out_specs=per_token,
+        check_vma=False,
+    )(*args)
 
 
 def _splits(size: int, axes, mesh) -> bool:

@@ -46,13 +46,18 @@ class GPTForFineTuning(DecoderOnly):
 
     def setup(self) -> None:
         super().setup()
-        self.classifier = layers.Dense((self.num_outputs,), ("embed",), ("classes",),
-                                       use_bias=True,
-                                       kernel_init=layers.normal(self.config.initializer_range))
+        self.classifier = layers.Dense(
+            (self.num_outputs,),
+            ("embed",),
+            ("classes",),
+            use_bias=True,
+            kernel_init=layers.normal(self.config.initializer_range),
+        )
         self.classifier_dropout_layer = layers.Dropout(self.classifier_dropout)
 
-    def __call__(self, input_ids: Array, input_mask: Array,
-                 deterministic: bool = True) -> tuple[Array, Array]:
+    def __call__(
+        self, input_ids: Array, input_mask: Array, deterministic: bool = True
+    ) -> tuple[Array, Array]:
         """(task logits, LM logits). input_ids (batch, length) or (batch, n, length); the task
         logits are (batch, num_outputs), or (batch, choices) for multiple choice."""
         length = input_ids.shape[-1]
@@ -91,9 +96,15 @@ class GPTClassifierModel:
 
     FEATURES = ("input_ids", "input_mask", "label", "label_weights")
 
-    def __init__(self, config: GPTConfig | None = None, num_labels: int = 2,
-                 combine: str = "single", num_choices: int = 4, lm_coef: float = 0.5,
-                 classifier_dropout: float = 0.1) -> None:
+    def __init__(
+        self,
+        config: GPTConfig | None = None,
+        num_labels: int = 2,
+        combine: str = "single",
+        num_choices: int = 4,
+        lm_coef: float = 0.5,
+        classifier_dropout: float = 0.1,
+    ) -> None:
         if combine not in COMBINE:
             raise ValueError(f"GPTClassifierModel.combine={combine!r}; choose one of {COMBINE}.")
         self.config = config if config is not None else GPTConfig()
@@ -101,8 +112,12 @@ class GPTClassifierModel:
         self.combine = combine
         self.num_choices = num_choices
         self.lm_coef = lm_coef
-        self.module = GPTForFineTuning(self.config, num_outputs=self.num_labels,
-                                       combine=combine, classifier_dropout=classifier_dropout)
+        self.module = GPTForFineTuning(
+            self.config,
+            num_outputs=self.num_labels,
+            combine=combine,
+            classifier_dropout=classifier_dropout,
+        )
 
     @property
     def sequences_per_example(self) -> int:
@@ -116,7 +131,8 @@ class GPTClassifierModel:
         n = self.sequences_per_example
         shape = (1, 8) if self.combine == "single" else (1, n, 8)
         return self.module.init(rng, jnp.ones(shape, jnp.int32), jnp.ones(shape, jnp.int32))[
-            "params"]
+            "params"
+        ]
 
     def abstract_params(self) -> Params:
         return jax.eval_shape(self.init, jax.random.key(0))
@@ -127,14 +143,21 @@ class GPTClassifierModel:
             return bert_features.ClassificationFeatureConverter()
         return bert_features.MultipleChoiceFeatureConverter(self.sequences_per_example)
 
-    def apply(self, params: Params, batch: Batch,
-              dropout_rng: Array | None = None) -> tuple[Array, Array]:
+    def apply(
+        self, params: Params, batch: Batch, dropout_rng: Array | None = None
+    ) -> tuple[Array, Array]:
         rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
-        return self.module.apply({"params": params}, batch["input_ids"], batch["input_mask"],
-                                 deterministic=dropout_rng is None, rngs=rngs)
+        return self.module.apply(
+            {"params": params},
+            batch["input_ids"],
+            batch["input_mask"],
+            deterministic=dropout_rng is None,
+            rngs=rngs,
+        )
 
-    def loss_sums(self, params: Params, batch: Batch,
-                  dropout_rng: Array | None = None) -> dict[str, Array]:
+    def loss_sums(
+        self, params: Params, batch: Batch, dropout_rng: Array | None = None
+    ) -> dict[str, Array]:
         logits, lm_logits = self.apply(params, batch, dropout_rng)
         weights = _example_weights(batch)
         labels = batch["label"]
@@ -147,9 +170,13 @@ class GPTClassifierModel:
         lm = language_model_loss(lm_logits, batch["input_ids"], batch["input_mask"])
         lm = lm.reshape(lm.shape[0], -1)  # (batch, sequences per example)
         lm_sum = jnp.sum(lm * weights[:, None])
-        return {"loss_sum": jnp.sum(example_loss * weights), "correct": jnp.sum(correct * weights),
-                "count": jnp.sum(weights), "lm_loss_sum": lm_sum,
-                "weighted_lm_loss_sum": self.lm_coef * lm_sum}
+        return {
+            "loss_sum": jnp.sum(example_loss * weights),
+            "correct": jnp.sum(correct * weights),
+            "count": jnp.sum(weights),
+            "lm_loss_sum": lm_sum,
+            "weighted_lm_loss_sum": self.lm_coef * lm_sum,
+        }
 
     def loss_denominators(self, batch: Batch) -> dict[str, Array]:
         examples = jnp.maximum(jnp.sum(_example_weights(batch)), 1.0)
@@ -162,9 +189,13 @@ class GPTClassifierModel:
         count = jnp.maximum(sums["count"], 1.0)
         task_loss = sums["loss_sum"] / count
         lm_loss = sums["lm_loss_sum"] / (count * self.sequences_per_example)
-        return {"loss": task_loss + self.lm_coef * lm_loss, "task_loss": task_loss,
-                "lm_loss": lm_loss, "accuracy": sums["correct"] / count,
-                "examples": jnp.asarray(sums["count"])}
+        return {
+            "loss": task_loss + self.lm_coef * lm_loss,
+            "task_loss": task_loss,
+            "lm_loss": lm_loss,
+            "accuracy": sums["correct"] / count,
+            "examples": jnp.asarray(sums["count"]),
+        }
 
     def predict(self, params: Params, batch: Batch) -> Array:
         """Class ids (the chosen candidate for multiple choice), or scores for regression."""

@@ -56,8 +56,14 @@ def normal(stddev: float) -> Initializer:
     return init
 
 
-def _param(module: nn.Module, name: str, init: Initializer, shape: Sequence[int],
-           axes: Sequence[str], dtype: DType = jnp.float32) -> Array:
+def _param(
+    module: nn.Module,
+    name: str,
+    init: Initializer,
+    shape: Sequence[int],
+    axes: Sequence[str],
+    dtype: DType = jnp.float32,
+) -> Array:
     """Declare a parameter tagged with logical axis names."""
     return module.param(name, nn.with_logical_partitioning(init, tuple(axes)), tuple(shape), dtype)
 
@@ -79,9 +85,14 @@ class RMSNorm(nn.Module):
 
 def layer_norm(epsilon: float, dtype: DType, name: str) -> nn.LayerNorm:
     """BERT's and GPT's LayerNorm: scale and bias (statistics in float32), tagged 'embed'."""
-    return nn.LayerNorm(epsilon=epsilon, dtype=dtype, param_dtype=jnp.float32, name=name,
-                        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-                        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))
+    return nn.LayerNorm(
+        epsilon=epsilon,
+        dtype=dtype,
+        param_dtype=jnp.float32,
+        name=name,
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+    )
 
 
 # Rematerialisation: what a layer keeps from its forward pass for the backward pass; the rest is
@@ -95,7 +106,8 @@ REMAT_POLICIES = {
     "dots": jax.checkpoint_policies.checkpoint_dots,
     "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
     "save_qkv_proj": jax.checkpoint_policies.save_only_these_names(
-        "query_proj", "key_proj", "value_proj"),
+        "query_proj", "key_proj", "value_proj"
+    ),
 }
 
 
@@ -116,15 +128,17 @@ ATTENTION_IMPLEMENTATIONS = ("xla", "dot_product_attention", "flash")
 def check_attention_implementation(name: str, flash: bool = False) -> None:
     """`flash`: whether the model family builds the structured masks the kernel takes."""
     if name not in ATTENTION_IMPLEMENTATIONS:
-        raise ValueError(f"attention_implementation={name!r}; choose one of "
-                         f"{ATTENTION_IMPLEMENTATIONS}.")
+        raise ValueError(
+            f"attention_implementation={name!r}; choose one of {ATTENTION_IMPLEMENTATIONS}."
+        )
     if name == "flash" and not flash:
-        raise ValueError("attention_implementation='flash' is implemented for T5 only; use "
-                         "'dot_product_attention' (cuDNN on GPU) or 'xla' for this model.")
+        raise ValueError(
+            "attention_implementation='flash' is implemented for T5 only; use "
+            "'dot_product_attention' (cuDNN on GPU) or 'xla' for this model."
+        )
 
 
-def remat(layer: type[nn.Module], policy: str, static_argnums: tuple[int, ...]
-          ) -> type[nn.Module]:
+def remat(layer: type[nn.Module], policy: str, static_argnums: tuple[int, ...]) -> type[nn.Module]:
     """`layer` with rematerialisation under `policy` (a name in REMAT_POLICIES; 'none' returns
     it unchanged). Parameter names and values do not change, only what the backward pass
     keeps. `static_argnums` count `self` as 0 and every call must pass those arguments
@@ -140,8 +154,13 @@ def remat(layer: type[nn.Module], policy: str, static_argnums: tuple[int, ...]
 SCANNED_STACK = "layers"
 
 
-def scanned_stack(layer: type[nn.Module], num_layers: int, remat_policy: str,
-                  static_argnums: tuple[int, ...], num_args: int) -> type[nn.Module]:
+def scanned_stack(
+    layer: type[nn.Module],
+    num_layers: int,
+    remat_policy: str,
+    static_argnums: tuple[int, ...],
+    num_args: int,
+) -> type[nn.Module]:
     """`layer` repeated `num_layers` times as one `nn.scan`: traced and compiled once whatever
     the depth, so compile time stays flat as layers are added.
 
@@ -157,11 +176,14 @@ def scanned_stack(layer: type[nn.Module], num_layers: int, remat_policy: str,
             return super().__call__(x, *args), None
 
     Step.__name__ = Step.__qualname__ = f"Scanned{layer.__name__}"
-    return nn.scan(remat(Step, remat_policy, static_argnums),
-                   variable_axes={"params": 0, "cache": 0},
-                   split_rngs={"params": True, "dropout": True},
-                   in_axes=(nn.broadcast,) * num_args, length=num_layers,
-                   metadata_params={nn.PARTITION_NAME: SCANNED_STACK})
+    return nn.scan(
+        remat(Step, remat_policy, static_argnums),
+        variable_axes={"params": 0, "cache": 0},
+        split_rngs={"params": True, "dropout": True},
+        in_axes=(nn.broadcast,) * num_args,
+        length=num_layers,
+        metadata_params={nn.PARTITION_NAME: SCANNED_STACK},
+    )
 
 
 class FamilyConfig:
@@ -193,8 +215,13 @@ class Embed(nn.Module):
     embedding_init: Initializer = nn.initializers.normal(stddev=1.0)
 
     def setup(self) -> None:
-        self.embedding = _param(self, "embedding", self.embedding_init,
-                                (self.num_embeddings, self.features), ("vocab", "embed"))
+        self.embedding = _param(
+            self,
+            "embedding",
+            self.embedding_init,
+            (self.num_embeddings, self.features),
+            ("vocab", "embed"),
+        )
 
     def __call__(self, token_ids: Array) -> Array:
         return jnp.take(self.embedding, token_ids, axis=0).astype(self.dtype)
@@ -206,7 +233,8 @@ class Embed(nn.Module):
         its CPU backend leaves to a slow kernel (`products`)."""
         rows = query.reshape(-1, query.shape[-1])
         logits = products.einsum_with_cpu_gradients("ni,vi->nv")(
-            rows, self.embedding.astype(self.dtype))
+            rows, self.embedding.astype(self.dtype)
+        )
         return logits.reshape(*query.shape[:-1], self.num_embeddings)
 
 
@@ -245,12 +273,14 @@ class Dense(nn.Module):
         n_in = len(self.in_axes)
         in_shape = x.shape[-n_in:]
         init = functools.partial(self.kernel_init, in_axes=n_in)
-        kernel = _param(self, "kernel", init, (*in_shape, *self.features),
-                        (*self.in_axes, *self.out_axes))
+        kernel = _param(
+            self, "kernel", init, (*in_shape, *self.features), (*self.in_axes, *self.out_axes)
+        )
         y = project(x.astype(self.dtype), kernel.astype(self.dtype), n_in)
         if self.use_bias:
-            bias = _param(self, "bias", nn.initializers.zeros, tuple(self.features),
-                          tuple(self.out_axes))
+            bias = _param(
+                self, "bias", nn.initializers.zeros, tuple(self.features), tuple(self.out_axes)
+            )
             y = add_shared_bias(y, bias.astype(self.dtype))  # its gradient sums as a dot
         return y
 
@@ -273,8 +303,9 @@ class MlpBlock(nn.Module):
     @nn.compact
     def __call__(self, x: Array, deterministic: bool = True) -> Array:
         emb_dim = x.shape[-1]
-        dense = functools.partial(Dense, dtype=self.dtype, use_bias=self.use_bias,
-                                  kernel_init=self.kernel_init)
+        dense = functools.partial(
+            Dense, dtype=self.dtype, use_bias=self.use_bias, kernel_init=self.kernel_init
+        )
         hidden = None
         for i, act in enumerate(self.activations):
             name = "wi" if len(self.activations) == 1 else f"wi_{i}"
@@ -282,9 +313,15 @@ class MlpBlock(nn.Module):
             h = _activation(act)(h)
             hidden = h if hidden is None else hidden * h
         hidden = Dropout(self.dropout_rate, broadcast_dims=(-2,))(
-            hidden, deterministic=deterministic)
-        return dense((emb_dim,), ("mlp",), ("embed",), name="wo",
-                     kernel_init=self.output_kernel_init or self.kernel_init)(hidden)
+            hidden, deterministic=deterministic
+        )
+        return dense(
+            (emb_dim,),
+            ("mlp",),
+            ("embed",),
+            name="wo",
+            kernel_init=self.output_kernel_init or self.kernel_init,
+        )(hidden)
 
 
 def _activation(name: str) -> Callable[[Array], Array]:
@@ -299,8 +336,12 @@ def _activation(name: str) -> Callable[[Array], Array]:
     return table[name]
 
 
-def relative_position_bucket(relative_position: np.ndarray, bidirectional: bool = True,
-                             num_buckets: int = 32, max_distance: int = 128) -> np.ndarray:
+def relative_position_bucket(
+    relative_position: np.ndarray,
+    bidirectional: bool = True,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+) -> np.ndarray:
     """Map key_position - query_position to a bucket index, as Mesh-TF T5 does.
 
     Half the buckets are exact offsets; the rest are logarithmically spaced up to
@@ -321,7 +362,9 @@ def relative_position_bucket(relative_position: np.ndarray, bidirectional: bool 
     with np.errstate(divide="ignore", invalid="ignore"):  # log(0) -> -inf, never selected
         val_if_large = max_exact + (
             np.log(n.astype(np.float32) / max_exact + np.finfo(np.float32).eps)
-            / np.log(max_distance / max_exact) * (num_buckets - max_exact)).astype(np.int64)
+            / np.log(max_distance / max_exact)
+            * (num_buckets - max_exact)
+        ).astype(np.int64)
     val_if_large = np.minimum(val_if_large, num_buckets - 1)
     return ret + np.where(is_small, n, val_if_large)
 
@@ -346,8 +389,7 @@ def _gather_buckets_bwd(saved: tuple[Array, Array], grad: Array) -> tuple[Array,
     one_hot = jax.nn.one_hot(buckets.reshape(-1), num_buckets, dtype=grad.dtype)  # (q*k, n)
     # One 2-D product over the flattened (q, k) (an N-D contraction let XLA pick a transposed
     # layout for it). HIGHEST: float32 also where matmuls default to bfloat16 passes or TF32.
-    table_grad = jnp.matmul(grad.reshape(heads, -1), one_hot,
-                            precision=jax.lax.Precision.HIGHEST)
+    table_grad = jnp.matmul(grad.reshape(heads, -1), one_hot, precision=jax.lax.Precision.HIGHEST)
     return table_grad.astype(table.dtype), None
 
 
@@ -367,20 +409,28 @@ class RelativePositionBias(nn.Module):
     dtype: DType = jnp.float32
 
     @nn.compact
-    def __call__(self, q_len: int, k_len: int,
-                 structured: bool = False) -> Array | flash_attention.FlashBias:
+    def __call__(
+        self, q_len: int, k_len: int, structured: bool = False
+    ) -> Array | flash_attention.FlashBias:
         """(1, heads, q, k), or with `structured` the table and bucketing for the flash
         kernel to expand itself."""
-        table = _param(self, "rel_embedding", fan_in_normal(),
-                       (self.num_heads, self.num_buckets), ("heads", "relpos_buckets"))
+        table = _param(
+            self,
+            "rel_embedding",
+            fan_in_normal(),
+            (self.num_heads, self.num_buckets),
+            ("heads", "relpos_buckets"),
+        )
         if structured:
-            spec = flash_attention.RelativeBias(self.num_buckets, self.max_distance,
-                                                self.bidirectional)
+            spec = flash_attention.RelativeBias(
+                self.num_buckets, self.max_distance, self.bidirectional
+            )
             return flash_attention.FlashBias(table.astype(jnp.float32), spec)
         context = np.arange(q_len)[:, None]
         memory = np.arange(k_len)[None, :]
-        buckets = relative_position_bucket(memory - context, self.bidirectional,
-                                           self.num_buckets, self.max_distance)
+        buckets = relative_position_bucket(
+            memory - context, self.bidirectional, self.num_buckets, self.max_distance
+        )
         bias = gather_buckets(table, jnp.asarray(buckets, jnp.int32))  # (heads, q, k)
         return bias[None].astype(self.dtype)  # (1, heads, q, k)
 
@@ -450,8 +500,9 @@ class Dropout(nn.Module):
         if self.rate == 1.0:  # as nn.Dropout: no division by a zero keep probability
             return jnp.zeros_like(inputs)
         broadcast = {d % inputs.ndim for d in self.broadcast_dims}
-        keep = _keep_mask(self, self.rate, [1 if d in broadcast else n
-                                            for d, n in enumerate(inputs.shape)])
+        keep = _keep_mask(
+            self, self.rate, [1 if d in broadcast else n for d, n in enumerate(inputs.shape)]
+        )
         if inputs.ndim - 1 in broadcast:  # one mask bit per row: too few to be worth packing
             return _drop(inputs, jnp.broadcast_to(keep, inputs.shape), self.rate)
         return dropped(inputs, keep, self.rate)
@@ -492,8 +543,9 @@ dropped.defvjp(_dropped_fwd, _dropped_bwd)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def dropped_product(attend: Callable[[Array, Array], Array], rate: float, weights: Array,
-                    keep: Array, value: Array) -> Array:
+def dropped_product(
+    attend: Callable[[Array, Array], Array], rate: float, weights: Array, keep: Array, value: Array
+) -> Array:
     """attend(dropout(weights), value) with nn.Dropout's arithmetic, whose backward pass reads
     the mask off the dropped weights (nonzero where kept) instead of keeping the mask.
     Differentiated as written, XLA keeps the random generator's raw bits for the backward
@@ -566,14 +618,26 @@ class MultiHeadAttention(nn.Module):
     implementation: str = "xla"  # ATTENTION_IMPLEMENTATIONS
 
     @nn.compact
-    def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Array | None = None,
-                 bias: Array | None = None, deterministic: bool = True,
-                 decode: bool = False) -> Array:
+    def __call__(
+        self,
+        inputs_q: Array,
+        inputs_kv: Array,
+        mask: Array | None = None,
+        bias: Array | None = None,
+        deterministic: bool = True,
+        decode: bool = False,
+    ) -> Array:
         explicit_scale = self.kernel_init is not None
         init = self.kernel_init or fan_in_normal()
-        proj = functools.partial(Dense, features=(self.num_heads, self.head_dim),
-                                 in_axes=("embed",), out_axes=("heads", "kv"), dtype=self.dtype,
-                                 use_bias=self.use_bias, kernel_init=init)
+        proj = functools.partial(
+            Dense,
+            features=(self.num_heads, self.head_dim),
+            in_axes=("embed",),
+            out_axes=("heads", "kv"),
+            dtype=self.dtype,
+            use_bias=self.use_bias,
+            kernel_init=init,
+        )
         emb_dim = inputs_q.shape[-1]
         query_init = init if explicit_scale else fan_in_normal(1.0 / self.head_dim)
         query = checkpoint_name(proj(kernel_init=query_init, name="query")(inputs_q), "query_proj")
@@ -595,20 +659,40 @@ class MultiHeadAttention(nn.Module):
             # keeps the logits' precision, as in the reference.
             bias_dtype = jnp.float32 if self.float32_logits else self.dtype
             out = jax.nn.dot_product_attention(
-                query, key, value, bias=None if bias is None else bias.astype(bias_dtype),
-                mask=None if mask is None else mask.astype(bool), scale=1.0)
+                query,
+                key,
+                value,
+                bias=None if bias is None else bias.astype(bias_dtype),
+                mask=None if mask is None else mask.astype(bool),
+                scale=1.0,
+            )
         else:
             out = self._reference_attention(query, key, value, mask, bias, deterministic)
-        return Dense((emb_dim,), ("heads", "kv"), ("embed",), dtype=self.dtype, name="out",
-                     use_bias=self.use_bias, kernel_init=self.output_kernel_init or init)(out)
+        return Dense(
+            (emb_dim,),
+            ("heads", "kv"),
+            ("embed",),
+            dtype=self.dtype,
+            name="out",
+            use_bias=self.use_bias,
+            kernel_init=self.output_kernel_init or init,
+        )(out)
 
-    def _reference_attention(self, query: Array, key: Array, value: Array, mask: Array | None,
-                             bias: Array | None, deterministic: bool) -> Array:
+    def _reference_attention(
+        self,
+        query: Array,
+        key: Array,
+        value: Array,
+        mask: Array | None,
+        bias: Array | None,
+        deterministic: bool,
+    ) -> Array:
         """softmax(q k^T + bias, masked) v, with dropout on the weights (the papers' form)."""
         logit_dtype = jnp.float32 if self.float32_logits else self.dtype
         query, key, value = (_heads_major(x) for x in (query, key, value))
         logits = products.einsum_with_cpu_gradients("bhqd,bhkd->bhqk")(
-            query.astype(logit_dtype), key.astype(logit_dtype))
+            query.astype(logit_dtype), key.astype(logit_dtype)
+        )
         if bias is not None:
             logits = add_shared_bias(logits, bias.astype(logit_dtype))
         if mask is not None:
@@ -622,8 +706,9 @@ class MultiHeadAttention(nn.Module):
         keep = DropoutKeep(self.dropout_rate, name="Dropout_0")(weights.shape)
         return dropped_product(_weighted_values, self.dropout_rate, weights, keep, value)
 
-    def _update_cache(self, key: Array, value: Array, mask: Array | None,
-                      bias: Array | None) -> tuple[Array, Array, Array | None, Array | None]:
+    def _update_cache(
+        self, key: Array, value: Array, mask: Array | None, bias: Array | None
+    ) -> tuple[Array, Array, Array | None, Array | None]:
         is_initialized = self.has_variable("cache", "cached_key")
         cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
         cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
@@ -641,8 +726,10 @@ class MultiHeadAttention(nn.Module):
         # a block of several (a prompt prefill) gets its causal or prefix structure from `mask`.
         visible = (jnp.arange(max_len) < index + new_positions)[None, None, None, :]
         if new_positions > 1 and mask is None:
-            raise ValueError("Writing several positions into the cache needs an explicit "
-                             "(batch, 1, new, max_len) mask.")
+            raise ValueError(
+                "Writing several positions into the cache needs an explicit "
+                "(batch, 1, new, max_len) mask."
+            )
         mask = visible if mask is None else jnp.logical_and(mask, visible)
         if bias is not None:
             bias = jax.lax.dynamic_slice_in_dim(bias, index, new_positions, axis=-2)

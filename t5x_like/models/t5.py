@@ -74,12 +74,16 @@ class T5Config:
         layers.check_remat_policy(self.remat_policy)
         layers.check_attention_implementation(self.attention_implementation, flash=True)
         if self.shared_encoder_decoder and self.remat_policy != "none":
-            raise ValueError("remat_policy needs shared_encoder_decoder=False: a shared layer "
-                             "runs the decoder's cross-attention inside it, which a "
-                             "rematerialised layer cannot call.")
+            raise ValueError(
+                "remat_policy needs shared_encoder_decoder=False: a shared layer "
+                "runs the decoder's cross-attention inside it, which a "
+                "rematerialised layer cannot call."
+            )
         if self.shared_encoder_decoder and self.scan_layers:
-            raise ValueError("scan_layers needs shared_encoder_decoder=False: the decoder of a "
-                             "shared model calls the encoder's layers one by one.")
+            raise ValueError(
+                "scan_layers needs shared_encoder_decoder=False: the decoder of a "
+                "shared model calls the encoder's layers one by one."
+            )
 
     @property
     def jnp_dtype(self) -> jnp.dtype:
@@ -94,21 +98,31 @@ class T5Config:
 
 def _attention(cfg: T5Config, name: str) -> layers.MultiHeadAttention:
     return layers.MultiHeadAttention(
-        num_heads=cfg.num_heads, head_dim=cfg.head_dim, dropout_rate=cfg.dropout_rate,
-        dtype=cfg.jnp_dtype, float32_logits=cfg.float32_attention_logits,
-        implementation=cfg.attention_implementation, name=name)
+        num_heads=cfg.num_heads,
+        head_dim=cfg.head_dim,
+        dropout_rate=cfg.dropout_rate,
+        dtype=cfg.jnp_dtype,
+        float32_logits=cfg.float32_attention_logits,
+        implementation=cfg.attention_implementation,
+        name=name,
+    )
 
 
 def _norm(cfg: T5Config, name: str | None) -> layers.RMSNorm:
     return layers.RMSNorm(epsilon=cfg.layer_norm_epsilon, dtype=cfg.jnp_dtype, name=name)
 
 
-def _relpos(cfg: T5Config, bidirectional: bool,
-            name: str | None = "relpos_bias") -> layers.RelativePositionBias:
+def _relpos(
+    cfg: T5Config, bidirectional: bool, name: str | None = "relpos_bias"
+) -> layers.RelativePositionBias:
     return layers.RelativePositionBias(
         num_buckets=cfg.relative_attention_num_buckets,
-        max_distance=cfg.relative_attention_max_distance, num_heads=cfg.num_heads,
-        bidirectional=bidirectional, dtype=cfg.jnp_dtype, name=name)
+        max_distance=cfg.relative_attention_max_distance,
+        num_heads=cfg.num_heads,
+        bidirectional=bidirectional,
+        dtype=cfg.jnp_dtype,
+        name=name,
+    )
 
 
 class EncoderLayer(nn.Module):
@@ -118,9 +132,15 @@ class EncoderLayer(nn.Module):
     cfg: T5Config
 
     @nn.compact
-    def __call__(self, x: Array, mask: Array | None, bias: Array, deterministic: bool,
-                 decode: bool = False, between: Callable[[Array], Array] | None = None
-                 ) -> Array:
+    def __call__(
+        self,
+        x: Array,
+        mask: Array | None,
+        bias: Array,
+        deterministic: bool,
+        decode: bool = False,
+        between: Callable[[Array], Array] | None = None,
+    ) -> Array:
         cfg = self.cfg
         dropout = layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
         h = _norm(cfg, "pre_attention_layer_norm")(x)
@@ -129,13 +149,15 @@ class EncoderLayer(nn.Module):
         if between is not None:
             x = between(x)
         h = _norm(cfg, "pre_mlp_layer_norm")(x)
-        h = layers.MlpBlock(cfg.mlp_dim, cfg.mlp_activations, cfg.dropout_rate, cfg.jnp_dtype,
-                            name="mlp")(h, deterministic)
+        h = layers.MlpBlock(
+            cfg.mlp_dim, cfg.mlp_activations, cfg.dropout_rate, cfg.jnp_dtype, name="mlp"
+        )(h, deterministic)
         return x + dropout(h, deterministic=deterministic)
 
 
-def _cross_attention_block(cfg: T5Config, encoded: Array, cross_mask: Array | None,
-                           deterministic: bool) -> Callable[[Array], Array]:
+def _cross_attention_block(
+    cfg: T5Config, encoded: Array, cross_mask: Array | None, deterministic: bool
+) -> Callable[[Array], Array]:
     """Pre-normed encoder-decoder attention with its residual, as a function of the decoder
     state (its modules belong to the calling decoder layer)."""
     norm = _norm(cfg, "pre_cross_attention_layer_norm")
@@ -153,9 +175,16 @@ class DecoderLayer(nn.Module):
     cfg: T5Config
 
     @nn.compact
-    def __call__(self, x: Array, encoded: Array, self_mask: Array | None,
-                 cross_mask: Array | None, bias: Array, deterministic: bool,
-                 decode: bool = False) -> Array:
+    def __call__(
+        self,
+        x: Array,
+        encoded: Array,
+        self_mask: Array | None,
+        cross_mask: Array | None,
+        bias: Array,
+        deterministic: bool,
+        decode: bool = False,
+    ) -> Array:
         cfg = self.cfg
         dropout = layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
         h = _norm(cfg, "pre_self_attention_layer_norm")(x)
@@ -163,8 +192,9 @@ class DecoderLayer(nn.Module):
         x = x + dropout(h, deterministic=deterministic)
         x = _cross_attention_block(cfg, encoded, cross_mask, deterministic)(x)
         h = _norm(cfg, "pre_mlp_layer_norm")(x)
-        h = layers.MlpBlock(cfg.mlp_dim, cfg.mlp_activations, cfg.dropout_rate, cfg.jnp_dtype,
-                            name="mlp")(h, deterministic)
+        h = layers.MlpBlock(
+            cfg.mlp_dim, cfg.mlp_activations, cfg.dropout_rate, cfg.jnp_dtype, name="mlp"
+        )(h, deterministic)
         return x + dropout(h, deterministic=deterministic)
 
 
@@ -177,9 +207,16 @@ class SharedDecoderLayer(nn.Module):
     shared: nn.Module
 
     @nn.compact
-    def __call__(self, x: Array, encoded: Array, self_mask: Array | None,
-                 cross_mask: Array | None, bias: Array, deterministic: bool,
-                 decode: bool = False) -> Array:
+    def __call__(
+        self,
+        x: Array,
+        encoded: Array,
+        self_mask: Array | None,
+        cross_mask: Array | None,
+        bias: Array,
+        deterministic: bool,
+        decode: bool = False,
+    ) -> Array:
         cross = _cross_attention_block(self.cfg, encoded, cross_mask, deterministic)
         return self.shared(x, self_mask, bias, deterministic, decode, between=cross)
 
@@ -192,8 +229,9 @@ class Encoder(nn.Module):
         cfg = self.cfg
         self.relpos_bias = _relpos(cfg, bidirectional=True, name=None)
         if cfg.scan_layers:
-            self.layers = layers.scanned_stack(EncoderLayer, cfg.num_encoder_layers,
-                                               cfg.remat_policy, (4, 5, 6), num_args=5)(cfg)
+            self.layers = layers.scanned_stack(
+                EncoderLayer, cfg.num_encoder_layers, cfg.remat_policy, (4, 5, 6), num_args=5
+            )(cfg)
         else:
             layer = layers.remat(EncoderLayer, cfg.remat_policy, static_argnums=(4, 5, 6))
             self.layers = [layer(cfg) for _ in range(cfg.num_encoder_layers)]
@@ -221,33 +259,48 @@ class Decoder(nn.Module):
     def setup(self) -> None:
         cfg = self.cfg
         if not cfg.logits_via_embedding:
-            self.logits_dense = layers.Dense((cfg.vocab_size,), ("embed",), ("vocab",),
-                                             dtype=cfg.jnp_dtype)
+            self.logits_dense = layers.Dense(
+                (cfg.vocab_size,), ("embed",), ("vocab",), dtype=cfg.jnp_dtype
+            )
 
     @nn.compact
-    def __call__(self, encoded: Array, decoder_input_tokens: Array, self_mask: Array | None,
-                 cross_mask: Array | None, deterministic: bool, decode: bool = False,
-                 max_decode_length: int | None = None, return_hidden: bool = False) -> Array:
+    def __call__(
+        self,
+        encoded: Array,
+        decoder_input_tokens: Array,
+        self_mask: Array | None,
+        cross_mask: Array | None,
+        deterministic: bool,
+        decode: bool = False,
+        max_decode_length: int | None = None,
+        return_hidden: bool = False,
+    ) -> Array:
         """Logits (batch, length, vocab), or with `return_hidden` the final hidden states that
         `logits_from_hidden` projects (a chunked loss does that a slice at a time)."""
         cfg = self.cfg
         dropout = layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
-        x = _constrain(dropout(self.shared_embedding(decoder_input_tokens),
-                               deterministic=deterministic))
+        x = _constrain(
+            dropout(self.shared_embedding(decoder_input_tokens), deterministic=deterministic)
+        )
         length = max_decode_length if decode and max_decode_length else x.shape[-2]
         structured = isinstance(self_mask, flash_attention.FlashMask)
         bias = _relpos(cfg, bidirectional=False)(length, length, structured)
         if cfg.scan_layers:
-            stack = layers.scanned_stack(DecoderLayer, cfg.num_decoder_layers, cfg.remat_policy,
-                                         (6, 7), num_args=6)(cfg, name=layers.SCANNED_STACK)
+            stack = layers.scanned_stack(
+                DecoderLayer, cfg.num_decoder_layers, cfg.remat_policy, (6, 7), num_args=6
+            )(cfg, name=layers.SCANNED_STACK)
             x, _ = stack(x, encoded, self_mask, cross_mask, bias, deterministic, decode)
         else:
             decoder_layer = layers.remat(DecoderLayer, cfg.remat_policy, static_argnums=(6, 7))
             for i in range(cfg.num_decoder_layers):
-                layer = (decoder_layer(cfg, name=f"layers_{i}") if self.encoder is None else
-                         SharedDecoderLayer(cfg, self.encoder.layers[i], name=f"layers_{i}"))
-                x = _constrain(layer(x, encoded, self_mask, cross_mask, bias, deterministic,
-                                     decode))
+                layer = (
+                    decoder_layer(cfg, name=f"layers_{i}")
+                    if self.encoder is None
+                    else SharedDecoderLayer(cfg, self.encoder.layers[i], name=f"layers_{i}")
+                )
+                x = _constrain(
+                    layer(x, encoded, self_mask, cross_mask, bias, deterministic, decode)
+                )
         x = _norm(cfg, "decoder_norm")(x)
         x = dropout(x, deterministic=deterministic)
         return x if return_hidden else self.logits_from_hidden(x)
@@ -257,7 +310,7 @@ class Decoder(nn.Module):
         `logits_dense`; float32 logits."""
         cfg = self.cfg
         if cfg.logits_via_embedding:
-            logits = self.shared_embedding.attend(x * (cfg.emb_dim ** -0.5))
+            logits = self.shared_embedding.attend(x * (cfg.emb_dim**-0.5))
         else:
             logits = self.logits_dense(x)
         return _constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
@@ -267,8 +320,10 @@ def encoder_self_mask(tokens: Array, segment_ids: Array | None = None) -> Array:
     """(batch, 1, len, len): real tokens see real tokens of their own packed example."""
     return nn.combine_masks(
         nn.make_attention_mask(tokens > 0, tokens > 0),
-        None if segment_ids is None else nn.make_attention_mask(segment_ids, segment_ids,
-                                                                jnp.equal))
+        None
+        if segment_ids is None
+        else nn.make_attention_mask(segment_ids, segment_ids, jnp.equal),
+    )
 
 
 def decoder_self_mask(decoder_input_tokens: Array, segment_ids: Array | None = None) -> Array:
@@ -280,18 +335,25 @@ def decoder_self_mask(decoder_input_tokens: Array, segment_ids: Array | None = N
     """
     return nn.combine_masks(
         nn.make_causal_mask(decoder_input_tokens),
-        None if segment_ids is None else nn.make_attention_mask(segment_ids, segment_ids,
-                                                                jnp.equal))
+        None
+        if segment_ids is None
+        else nn.make_attention_mask(segment_ids, segment_ids, jnp.equal),
+    )
 
 
-def cross_attention_mask(decoder_input_tokens: Array, encoder_input_tokens: Array,
-                         decoder_segment_ids: Array | None = None,
-                         encoder_segment_ids: Array | None = None) -> Array:
+def cross_attention_mask(
+    decoder_input_tokens: Array,
+    encoder_input_tokens: Array,
+    decoder_segment_ids: Array | None = None,
+    encoder_segment_ids: Array | None = None,
+) -> Array:
     """(batch, 1, dec_len, enc_len): real encoder tokens of the same packed example."""
     return nn.combine_masks(
         nn.make_attention_mask(jnp.ones_like(decoder_input_tokens) > 0, encoder_input_tokens > 0),
-        None if decoder_segment_ids is None else nn.make_attention_mask(
-            decoder_segment_ids, encoder_segment_ids, jnp.equal))
+        None
+        if decoder_segment_ids is None
+        else nn.make_attention_mask(decoder_segment_ids, encoder_segment_ids, jnp.equal),
+    )
 
 
 class Transformer(nn.Module):
@@ -303,67 +365,111 @@ class Transformer(nn.Module):
         cfg = self.config
         self.token_embedder = layers.Embed(cfg.vocab_size, cfg.emb_dim, dtype=cfg.jnp_dtype)
         if cfg.shared_encoder_decoder and cfg.num_encoder_layers != cfg.num_decoder_layers:
-            raise ValueError("A shared encoder-decoder uses one stack twice: set "
-                             "num_encoder_layers == num_decoder_layers "
-                             f"(got {cfg.num_encoder_layers} and {cfg.num_decoder_layers}).")
+            raise ValueError(
+                "A shared encoder-decoder uses one stack twice: set "
+                "num_encoder_layers == num_decoder_layers "
+                f"(got {cfg.num_encoder_layers} and {cfg.num_decoder_layers})."
+            )
         self.encoder = Encoder(cfg, self.token_embedder)
-        self.decoder = Decoder(cfg, self.token_embedder,
-                               self.encoder if cfg.shared_encoder_decoder else None)
+        self.decoder = Decoder(
+            cfg, self.token_embedder, self.encoder if cfg.shared_encoder_decoder else None
+        )
 
     def _flash(self, enable_dropout: bool) -> bool:
         """Whether attention runs the flash kernel: chosen, and no attention dropout (the
         kernel has none)."""
         cfg = self.config
-        return cfg.attention_implementation == "flash" and not (enable_dropout
-                                                                 and cfg.dropout_rate > 0)
+        return cfg.attention_implementation == "flash" and not (
+            enable_dropout and cfg.dropout_rate > 0
+        )
 
-    def encode(self, encoder_input_tokens: Array, encoder_segment_ids: Array | None = None,
-               enable_dropout: bool = False) -> Array:
+    def encode(
+        self,
+        encoder_input_tokens: Array,
+        encoder_segment_ids: Array | None = None,
+        enable_dropout: bool = False,
+    ) -> Array:
         if self._flash(enable_dropout):
             real = encoder_input_tokens > 0
             mask = flash_attention.FlashMask(
                 flash_attention.ids_from_segments(real, encoder_segment_ids, -1),
-                flash_attention.ids_from_segments(real, encoder_segment_ids, -2))
+                flash_attention.ids_from_segments(real, encoder_segment_ids, -2),
+            )
         else:
             mask = encoder_self_mask(encoder_input_tokens, encoder_segment_ids)
         return self.encoder(encoder_input_tokens, mask, deterministic=not enable_dropout)
 
-    def decode(self, encoded: Array, encoder_input_tokens: Array, decoder_input_tokens: Array,
-               encoder_segment_ids: Array | None = None,
-               decoder_segment_ids: Array | None = None, enable_dropout: bool = False,
-               decode: bool = False, max_decode_length: int | None = None,
-               return_hidden: bool = False) -> Array:
+    def decode(
+        self,
+        encoded: Array,
+        encoder_input_tokens: Array,
+        decoder_input_tokens: Array,
+        encoder_segment_ids: Array | None = None,
+        decoder_segment_ids: Array | None = None,
+        enable_dropout: bool = False,
+        decode: bool = False,
+        max_decode_length: int | None = None,
+        return_hidden: bool = False,
+    ) -> Array:
         if decode:
             # One new position per call: causality comes from the cache's fill level.
             self_mask = None
             cross_mask = cross_attention_mask(decoder_input_tokens, encoder_input_tokens)
         elif self._flash(enable_dropout):  # the same three masks, as the kernel takes them
-            ids = functools.partial(flash_attention.ids_from_segments,
-                                    jnp.ones(decoder_input_tokens.shape, bool), decoder_segment_ids)
+            ids = functools.partial(
+                flash_attention.ids_from_segments,
+                jnp.ones(decoder_input_tokens.shape, bool),
+                decoder_segment_ids,
+            )
             self_mask = flash_attention.FlashMask(ids(-1), ids(-1), causal=True)
-            cross_mask = flash_attention.FlashMask(ids(-1), flash_attention.ids_from_segments(
-                encoder_input_tokens > 0, encoder_segment_ids, -2))
+            cross_mask = flash_attention.FlashMask(
+                ids(-1),
+                flash_attention.ids_from_segments(
+                    encoder_input_tokens > 0, encoder_segment_ids, -2
+                ),
+            )
         else:
             self_mask = decoder_self_mask(decoder_input_tokens, decoder_segment_ids)
-            cross_mask = cross_attention_mask(decoder_input_tokens, encoder_input_tokens,
-                                              decoder_segment_ids, encoder_segment_ids)
-        return self.decoder(encoded, decoder_input_tokens, self_mask, cross_mask,
-                            deterministic=not enable_dropout, decode=decode,
-                            max_decode_length=max_decode_length, return_hidden=return_hidden)
+            cross_mask = cross_attention_mask(
+                decoder_input_tokens, encoder_input_tokens, decoder_segment_ids, encoder_segment_ids
+            )
+        return self.decoder(
+            encoded,
+            decoder_input_tokens,
+            self_mask,
+            cross_mask,
+            deterministic=not enable_dropout,
+            decode=decode,
+            max_decode_length=max_decode_length,
+            return_hidden=return_hidden,
+        )
 
     def logits_from_hidden(self, hidden: Array) -> Array:
         return self.decoder.logits_from_hidden(hidden)
 
-    def __call__(self, encoder_input_tokens: Array, decoder_input_tokens: Array,
-                 encoder_segment_ids: Array | None = None,
-                 decoder_segment_ids: Array | None = None, enable_dropout: bool = False,
-                 decode: bool = False, max_decode_length: int | None = None,
-                 return_hidden: bool = False) -> Array:
+    def __call__(
+        self,
+        encoder_input_tokens: Array,
+        decoder_input_tokens: Array,
+        encoder_segment_ids: Array | None = None,
+        decoder_segment_ids: Array | None = None,
+        enable_dropout: bool = False,
+        decode: bool = False,
+        max_decode_length: int | None = None,
+        return_hidden: bool = False,
+    ) -> Array:
         encoded = self.encode(encoder_input_tokens, encoder_segment_ids, enable_dropout)
-        return self.decode(encoded, encoder_input_tokens, decoder_input_tokens,
-                           encoder_segment_ids, decoder_segment_ids, enable_dropout,
-                           decode=decode, max_decode_length=max_decode_length,
-                           return_hidden=return_hidden)
+        return self.decode(
+            encoded,
+            encoder_input_tokens,
+            decoder_input_tokens,
+            encoder_segment_ids,
+            decoder_segment_ids,
+            enable_dropout,
+            decode=decode,
+            max_decode_length=max_decode_length,
+            return_hidden=return_hidden,
+        )
 
 
 def count_params(params) -> int:

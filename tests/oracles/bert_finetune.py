@@ -66,21 +66,35 @@ def _truncate(run_classifier, case):
 
 
 def _classify(run_classifier, tokenizer, case):
-    example = run_classifier.InputExample(guid="x", text_a=case["a"], text_b=case.get("b"),
-                                          label="0")
-    feature = run_classifier.convert_single_example(10, example, ["0"],
-                                                    case["max_seq_length"], tokenizer)
-    return {"input_ids": feature.input_ids, "input_mask": feature.input_mask,
-            "segment_ids": feature.segment_ids}
+    example = run_classifier.InputExample(
+        guid="x", text_a=case["a"], text_b=case.get("b"), label="0"
+    )
+    feature = run_classifier.convert_single_example(
+        10, example, ["0"], case["max_seq_length"], tokenizer
+    )
+    return {
+        "input_ids": feature.input_ids,
+        "input_mask": feature.input_mask,
+        "segment_ids": feature.segment_ids,
+    }
 
 
 def _squad_file(folder, index, examples):
     path = os.path.join(folder, f"reference_squad_{index}.json")
-    qas = [{"id": ex["id"], "question": ex["question"], "answers": ex["answers"],
-            "is_impossible": ex.get("is_impossible", False)} for ex in examples]
+    qas = [
+        {
+            "id": ex["id"],
+            "question": ex["question"],
+            "answers": ex["answers"],
+            "is_impossible": ex.get("is_impossible", False),
+        }
+        for ex in examples
+    ]
     # one paragraph per question: the examples may have different contexts
-    data = [{"title": "t", "paragraphs": [{"context": ex["context"], "qas": [q]}]}
-            for ex, q in zip(examples, qas)]
+    data = [
+        {"title": "t", "paragraphs": [{"context": ex["context"], "qas": [q]}]}
+        for ex, q in zip(examples, qas)
+    ]
     with open(path, "w", encoding="utf-8") as f:
         json.dump({"data": data, "version": "x"}, f)
     return path
@@ -89,27 +103,47 @@ def _squad_file(folder, index, examples):
 def _pointing_logits(feature, rule):
     logits = []
     for target in (rule["start_id"], rule["end_id"]):
-        logits.append([10.0 if (token == target and (segment == 1 or token == rule["cls_id"]))
-                       else 0.0 for token, segment in zip(feature.input_ids,
-                                                          feature.segment_ids)])
+        logits.append(
+            [
+                10.0 if (token == target and (segment == 1 or token == rule["cls_id"])) else 0.0
+                for token, segment in zip(feature.input_ids, feature.segment_ids)
+            ]
+        )
     return logits
 
 
 def _squad(run_squad, tokenizer, flag_values, folder, index, case):
     flag_values.version_2_with_negative = bool(case.get("version_2", False))
-    examples = run_squad.read_squad_examples(_squad_file(folder, index, case["examples"]),
-                                             case["is_training"])
+    examples = run_squad.read_squad_examples(
+        _squad_file(folder, index, case["examples"]), case["is_training"]
+    )
     features = []
     run_squad.convert_examples_to_features(
-        examples, tokenizer, case["max_seq_length"], case["doc_stride"],
-        case["max_query_length"], case["is_training"], features.append)
-    out = {"num_examples": len(examples), "features": [{
-        "example_index": f.example_index, "input_ids": f.input_ids[:len(f.tokens)],
-        "segment_ids": f.segment_ids[:len(f.tokens)], "start_position": f.start_position,
-        "end_position": f.end_position,
-        "token_to_orig_map": {str(k): v for k, v in f.token_to_orig_map.items()},
-        "token_is_max_context": {str(k): bool(v) for k, v in f.token_is_max_context.items()},
-    } for f in features]}
+        examples,
+        tokenizer,
+        case["max_seq_length"],
+        case["doc_stride"],
+        case["max_query_length"],
+        case["is_training"],
+        features.append,
+    )
+    out = {
+        "num_examples": len(examples),
+        "features": [
+            {
+                "example_index": f.example_index,
+                "input_ids": f.input_ids[: len(f.tokens)],
+                "segment_ids": f.segment_ids[: len(f.tokens)],
+                "start_position": f.start_position,
+                "end_position": f.end_position,
+                "token_to_orig_map": {str(k): v for k, v in f.token_to_orig_map.items()},
+                "token_is_max_context": {
+                    str(k): bool(v) for k, v in f.token_is_max_context.items()
+                },
+            }
+            for f in features
+        ],
+    }
     rule = case.get("predict")
     if rule:
         threshold = rule.get("null_threshold")
@@ -117,13 +151,23 @@ def _squad(run_squad, tokenizer, flag_values, folder, index, case):
         flag_values.null_score_diff_threshold = threshold if threshold is not None else 0.0
         flag_values.verbose_logging = False
         given = rule.get("logits")  # [[start_logits, end_logits] per feature], or the rule
-        results = [run_squad.RawResult(f.unique_id, *(given[i] if given else
-                                                      _pointing_logits(f, rule)))
-                   for i, f in enumerate(features)]
-        files = [os.path.join(folder, f"reference_{name}_{index}.json")
-                 for name in ("predictions", "nbest", "null_odds")]
-        run_squad.write_predictions(examples, features, results, rule.get("n_best", 20),
-                                    rule.get("max_answer_length", 30), True, *files)
+        results = [
+            run_squad.RawResult(f.unique_id, *(given[i] if given else _pointing_logits(f, rule)))
+            for i, f in enumerate(features)
+        ]
+        files = [
+            os.path.join(folder, f"reference_{name}_{index}.json")
+            for name in ("predictions", "nbest", "null_odds")
+        ]
+        run_squad.write_predictions(
+            examples,
+            features,
+            results,
+            rule.get("n_best", 20),
+            rule.get("max_answer_length", 30),
+            True,
+            *files,
+        )
         with open(files[0], encoding="utf-8") as f:
             out["predictions"] = json.load(f, object_pairs_hook=collections.OrderedDict)
         if threshold is not None:
@@ -135,8 +179,13 @@ def _squad(run_squad, tokenizer, flag_values, folder, index, case):
 def _max_context(run_squad, case):
     span = collections.namedtuple("DocSpan", ["start", "length"])
     spans = [span(start, length) for start, length in case["spans"]]
-    return [[bool(run_squad._check_is_max_context(spans, index, position))
-             for position in range(case["num_tokens"])] for index in range(len(spans))]
+    return [
+        [
+            bool(run_squad._check_is_max_context(spans, index, position))
+            for position in range(case["num_tokens"])
+        ]
+        for index in range(len(spans))
+    ]
 
 
 def compute(payload):
@@ -150,10 +199,13 @@ def compute(payload):
         tokenizer = tokenization.FullTokenizer(vocab_file=vocab_file, do_lower_case=True)
     return {
         "truncate": [_truncate(run_classifier, c) for c in payload.get("truncate", [])],
-        "classifier": [_classify(run_classifier, tokenizer, c)
-                       for c in payload.get("classifier", [])],
-        "squad": [_squad(run_squad, tokenizer, flag_values, folder, i, c)
-                  for i, c in enumerate(payload.get("squad", []))],
+        "classifier": [
+            _classify(run_classifier, tokenizer, c) for c in payload.get("classifier", [])
+        ],
+        "squad": [
+            _squad(run_squad, tokenizer, flag_values, folder, i, c)
+            for i, c in enumerate(payload.get("squad", []))
+        ],
         "max_context": [_max_context(run_squad, c) for c in payload.get("max_context", [])],
     }
 

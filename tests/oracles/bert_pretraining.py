@@ -44,18 +44,33 @@ def compute(payload):
     rng = _Recording(payload["random_seed"])
     length, predictions = payload["max_seq_length"], payload["max_predictions_per_seq"]
     instances = cpd.create_training_instances(
-        [corpus_file], tokenizer, length, payload["dupe_factor"], payload["short_seq_prob"],
-        payload["masked_lm_prob"], predictions, rng)
+        [corpus_file],
+        tokenizer,
+        length,
+        payload["dupe_factor"],
+        payload["short_seq_prob"],
+        payload["masked_lm_prob"],
+        predictions,
+        rng,
+    )
     if payload.get("write_records"):
-        cpd.write_instance_to_example_files(instances, tokenizer, length, predictions,
-                                            [os.path.join(folder, "reference.tfrecord")])
+        cpd.write_instance_to_example_files(
+            instances, tokenizer, length, predictions, [os.path.join(folder, "reference.tfrecord")]
+        )
     ids = tokenizer.convert_tokens_to_ids
     return {
         "documents": [[ids(s) for s in d] for d in (rng.documents or [])],
-        "instances": [{"inputs": ids(x.tokens), "segment_ids": list(x.segment_ids),
-                       "masked_lm_positions": list(x.masked_lm_positions),
-                       "targets": ids(x.masked_lm_labels),
-                       "next_sentence_labels": int(x.is_random_next)} for x in instances]}
+        "instances": [
+            {
+                "inputs": ids(x.tokens),
+                "segment_ids": list(x.segment_ids),
+                "masked_lm_positions": list(x.masked_lm_positions),
+                "targets": ids(x.masked_lm_labels),
+                "next_sentence_labels": int(x.is_random_next),
+            }
+            for x in instances
+        ],
+    }
 
 
 if __name__ == "__main__":

@@ -31,9 +31,11 @@ def _ids(tokenizer, text):
 
 def _run(run):
     tokenizer = _tokenizer(run["vocab"], run["lower_case"])
-    return {"ids": [_ids(tokenizer, t) for t in run.get("texts", [])],
-            "ids_hex": [_ids(tokenizer, bytes.fromhex(t)) for t in run.get("texts_hex", [])],
-            "vocab_size": len(tokenizer.vocab)}
+    return {
+        "ids": [_ids(tokenizer, t) for t in run.get("texts", [])],
+        "ids_hex": [_ids(tokenizer, bytes.fromhex(t)) for t in run.get("texts_hex", [])],
+        "vocab_size": len(tokenizer.vocab),
+    }
 
 
 def _random_tokens(case):

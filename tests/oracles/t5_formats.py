@@ -80,7 +80,8 @@ def _is_tokenize(step: Any) -> bool:
     import seqio
 
     return step is seqio.preprocessors.tokenize or (
-        getattr(step, "func", None) is seqio.preprocessors.tokenize)
+        getattr(step, "func", None) is seqio.preprocessors.tokenize
+    )
 
 
 def text_steps(task: Any) -> list:
@@ -98,11 +99,12 @@ def step_names(steps: list) -> list[str]:
 
 def tail_names(task: Any) -> list[str]:
     """What the task does from tokenizing on."""
-    return step_names(task.preprocessors[len(text_steps(task)):])
+    return step_names(task.preprocessors[len(text_steps(task)) :])
 
 
-def text_examples(task: Any, examples: list[Mapping[str, Any]],
-                  spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+def text_examples(
+    task: Any, examples: list[Mapping[str, Any]], spec: Mapping[str, Any]
+) -> list[dict[str, Any]]:
     """The task's own text preprocessors (as seqio applies them) on the raw examples."""
     ds = task._preprocess_dataset(to_dataset(examples, spec), text_steps(task))
     return list(ds.as_numpy_iterator())
@@ -132,9 +134,10 @@ def postprocess(task: Any, example: Mapping[str, Any], predictions: list[str]) -
     example as seqio's evaluator passes it (`targets_pretokenized` beside the features)."""
     example = dict(example, targets_pretokenized=example["targets"])
     fn = task.postprocess_fn
-    return {"target": jsonable(fn(example["targets"], example=example, is_target=True)),
-            "predictions": [jsonable(fn(p, example=example, is_target=False))
-                            for p in predictions]}
+    return {
+        "target": jsonable(fn(example["targets"], example=example, is_target=True)),
+        "predictions": [jsonable(fn(p, example=example, is_target=False)) for p in predictions],
+    }
 
 
 def compute(payload: dict) -> dict:
@@ -151,10 +154,15 @@ def compute(payload: dict) -> dict:
         examples = text_examples(task, case["examples"], case["spec"])
         outputs[case["id"]] = [texts(ex) for ex in examples]
         if case.get("predictions"):
-            postprocessed[case["id"]] = [postprocess(task, ex, case["predictions"])
-                                         for ex in examples]
-    return {"names": sorted(seqio.TaskRegistry.names()), "tails": tails, "outputs": outputs,
-            "postprocessed": postprocessed}
+            postprocessed[case["id"]] = [
+                postprocess(task, ex, case["predictions"]) for ex in examples
+            ]
+    return {
+        "names": sorted(seqio.TaskRegistry.names()),
+        "tails": tails,
+        "outputs": outputs,
+        "postprocessed": postprocessed,
+    }
 
 
 if __name__ == "__main__":

@@ -33,16 +33,23 @@ def _task_case(case):
 
     task = seqio.get_mixture_or_task(case["task"])
     examples = [_example(ex, case["bytes_keys"]) for ex in case["examples"]]
-    targets = [task.postprocess_fn(t, example=ex, is_target=True)
-               for t, ex in zip(case["targets"], examples)]
-    predictions = [task.postprocess_fn(p, example=ex, is_target=False)
-                   for p, ex in zip(case["predictions"], examples)]
+    targets = [
+        task.postprocess_fn(t, example=ex, is_target=True)
+        for t, ex in zip(case["targets"], examples)
+    ]
+    predictions = [
+        task.postprocess_fn(p, example=ex, is_target=False)
+        for p, ex in zip(case["predictions"], examples)
+    ]
     np.random.seed(case["seed"])
     scores = {}
     for metric_fn in task.metric_fns:
         scores.update(metric_fn(targets, predictions))
-    return {"metrics": {k: float(v) for k, v in scores.items()},
-            "targets": jsonable(targets), "predictions": jsonable(predictions)}
+    return {
+        "metrics": {k: float(v) for k, v in scores.items()},
+        "targets": jsonable(targets),
+        "predictions": jsonable(predictions),
+    }
 
 
 def _metric_case(case):
@@ -50,15 +57,16 @@ def _metric_case(case):
     from t5.evaluation import metrics
 
     np.random.seed(case["seed"])
-    scores = getattr(metrics, case["metric"])(case["targets"], case["predictions"],
-                                              **case["kwargs"])
+    scores = getattr(metrics, case["metric"])(
+        case["targets"], case["predictions"], **case["kwargs"]
+    )
     return {"metrics": {k: float(v) for k, v in scores.items()}}
 
 
 def _guarded(fn, case):
     try:
         return fn(case)
-    except Exception as error:  # the reference's failure is part of its behaviour
+    except Exception as error:  # noqa: BLE001 - the reference's failure is part of its behaviour
         return {"error": type(error).__name__}
 
 
@@ -72,9 +80,10 @@ def compute(payload):
     import t5.data.tasks  # noqa: F401  (registers the reference tasks)
 
     warnings.simplefilter("ignore")  # constant inputs, ill-defined F1: values still returned
-    return {"task_cases": {c["id"]: _guarded(_task_case, c) for c in payload["task_cases"]},
-            "metric_cases": {c["id"]: _guarded(_metric_case, c)
-                             for c in payload["metric_cases"]}}
+    return {
+        "task_cases": {c["id"]: _guarded(_task_case, c) for c in payload["task_cases"]},
+        "metric_cases": {c["id"]: _guarded(_metric_case, c) for c in payload["metric_cases"]},
+    }
 
 
 if __name__ == "__main__":

@@ -30,14 +30,24 @@ def compute(payload: dict) -> dict:
         rates = {t.name: float(mixture.get_rate(t)) for t in mixture.tasks}
         out[name] = {
             "rates": rates,
-            "trained": sorted(t.name for t in mixture.tasks
-                              if "train" in t.splits and rates[t.name] > 0),
-            "evaluated": {split: sorted(t.name for t in seqio.evaluation.get_valid_eval_tasks(
-                seqio.get_subtasks(mixture), split)) for split in payload["splits"]},
+            "trained": sorted(
+                t.name for t in mixture.tasks if "train" in t.splits and rates[t.name] > 0
+            ),
+            "evaluated": {
+                split: sorted(
+                    t.name
+                    for t in seqio.evaluation.get_valid_eval_tasks(
+                        seqio.get_subtasks(mixture), split
+                    )
+                )
+                for split in payload["splits"]
+            },
         }
     # Members only (their rates need every dataset prepared).
-    out["members"] = {name: sorted(t.name for t in seqio.get_mixture_or_task(name).tasks)
-                      for name in payload.get("member_names", [])}
+    out["members"] = {
+        name: sorted(t.name for t in seqio.get_mixture_or_task(name).tasks)
+        for name in payload.get("member_names", [])
+    }
     return out
 
 

@@ -32,32 +32,46 @@ def compute(payload):
         if "task" in case:
             task = seqio.get_mixture_or_task(case["task"])
             # `c4_v220_full_lm` reads its own (remote) vocabulary file: use the payload's.
-            task = task.replace(output_features={
-                k: dataclasses.replace(f, vocabulary=vocabulary)
-                for k, f in task.output_features.items()})
+            task = task.replace(
+                output_features={
+                    k: dataclasses.replace(f, vocabulary=vocabulary)
+                    for k, f in task.output_features.items()
+                }
+            )
         else:
             gin.add_config_file_search_path(gin_dir)
             # span.gin fixes its inputs length as a macro (512); bind the case's.
             inputs_length = case["sequence_length"].get("inputs")
             bindings = [f"inputs_length = {inputs_length}"] if inputs_length else []
-            gin.parse_config_files_and_bindings([f"objectives/{case['gin']}"], bindings,
-                                                skip_unknown=True)
+            gin.parse_config_files_and_bindings(
+                [f"objectives/{case['gin']}"], bindings, skip_unknown=True
+            )
             task = seqio.Task(
                 "oracle_" + case["name"].replace("@", "_seed"),
                 source=seqio.TfdsDataSource(tfds_name="c4/en:2.2.0"),
                 preprocessors=[
-                    functools.partial(seqio.preprocessors.rekey,
-                                      key_map={"inputs": None, "targets": "text"}),
+                    functools.partial(
+                        seqio.preprocessors.rekey, key_map={"inputs": None, "targets": "text"}
+                    ),
                     seqio.preprocessors.tokenize,
                     seqio.CacheDatasetPlaceholder(),
                     t5_preprocessors.unsupervised,
                     seqio.preprocessors.append_eos_after_trim,
                 ],
-                output_features=t5_tasks.DEFAULT_OUTPUT_FEATURES, metric_fns=[])
-        ds = task.get_dataset(case["sequence_length"], split="train", shuffle=False,
-                              seed=case["seed"], use_cached=False)
-        results[case["name"]] = [{k: ex[k].tolist() for k in ("inputs", "targets") if k in ex}
-                                 for ex in ds.as_numpy_iterator()]
+                output_features=t5_tasks.DEFAULT_OUTPUT_FEATURES,
+                metric_fns=[],
+            )
+        ds = task.get_dataset(
+            case["sequence_length"],
+            split="train",
+            shuffle=False,
+            seed=case["seed"],
+            use_cached=False,
+        )
+        results[case["name"]] = [
+            {k: ex[k].tolist() for k in ("inputs", "targets") if k in ex}
+            for ex in ds.as_numpy_iterator()
+        ]
     return results
 
 

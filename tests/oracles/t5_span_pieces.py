@@ -20,25 +20,47 @@ def compute(payload):
     import tensorflow as tf
     from t5.data import preprocessors
 
-    helper = [list(preprocessors.random_spans_helper(
-        inputs_length=n, noise_density=density, mean_noise_span_length=span,
-        extra_tokens_per_span_inputs=1, extra_tokens_per_span_targets=1))
-        for n, density, span in payload.get("helper", [])]
-    masks = [preprocessors.random_spans_noise_mask(
-        tf.constant(case["length"]), case["noise_density"],
-        tf.constant(case["seeds"], tf.int32), case["mean_noise_span_length"]).numpy().tolist()
-        for case in payload.get("masks", [])]
+    helper = [
+        list(
+            preprocessors.random_spans_helper(
+                inputs_length=n,
+                noise_density=density,
+                mean_noise_span_length=span,
+                extra_tokens_per_span_inputs=1,
+                extra_tokens_per_span_targets=1,
+            )
+        )
+        for n, density, span in payload.get("helper", [])
+    ]
+    masks = [
+        preprocessors.random_spans_noise_mask(
+            tf.constant(case["length"]),
+            case["noise_density"],
+            tf.constant(case["seeds"], tf.int32),
+            case["mean_noise_span_length"],
+        )
+        .numpy()
+        .tolist()
+        for case in payload.get("masks", [])
+    ]
     sentinels = []
     for case in payload.get("sentinels", []):
         vocab = seqio.PassThroughVocabulary(size=case["vocab_size"])
         tokens = tf.constant(case["tokens"], tf.int32)
         noise = tf.constant(case["noise"], tf.bool)
         seeds = tf.constant([[0, 0]], tf.int32)  # unused by these two functions
-        sentinels.append({
-            "inputs": preprocessors.noise_span_to_unique_sentinel(
-                tokens, noise, vocab, seeds).numpy().tolist(),
-            "targets": preprocessors.nonnoise_span_to_unique_sentinel(
-                tokens, noise, vocab, seeds).numpy().tolist()})
+        sentinels.append(
+            {
+                "inputs": preprocessors.noise_span_to_unique_sentinel(tokens, noise, vocab, seeds)
+                .numpy()
+                .tolist(),
+                "targets": preprocessors.nonnoise_span_to_unique_sentinel(
+                    tokens, noise, vocab, seeds
+                )
+                .numpy()
+                .tolist(),
+            }
+        )
     return {"helper": helper, "masks": masks, "sentinels": sentinels}
 
 
