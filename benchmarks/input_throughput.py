@@ -32,6 +32,7 @@ from typing import Any
 import jax
 import numpy as np
 
+import tasks  # noqa: F401 - registers the tasks the benchmark reads
 from benchmarks import results_io
 from benchmarks.families import FAMILIES
 from t5x_like import input_pipeline, partitioning, trainer

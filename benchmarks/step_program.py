@@ -152,22 +152,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", default="HEAD~1", help="git revision to compare against")
-    parser.add_argument(
-        "--family",
-        default="t5",
-        choices=["t5", "decoder_only", "bert"],
-        help="whose standard benchmark step (benchmarks.families)",
-    )
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--inputs", type=int, default=512)
-    parser.add_argument("--targets", type=int, default=128)
-    parser.add_argument(
-        "--gin",
-        action="append",
-        default=[],
-        dest="bindings",
-        help="gin binding over the family's benchmark config, in both trees",
-    )
+    _step_regression().add_step_arguments(parser)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default="benchmarks/results/step_program.json")
     args = parser.parse_args(argv)

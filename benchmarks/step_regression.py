@@ -202,16 +202,9 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base", default="HEAD~1", help="git revision to compare against")
-    parser.add_argument("--rounds", type=int, default=10, help="A B B A rounds (>= 4)")
-    parser.add_argument(
-        "--tolerance",
-        type=float,
-        default=0.03,
-        help="slow-down below which no regression is reported",
-    )
+def add_step_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments that choose the standard step (`build_standard_step`), shared with
+    `step_program`."""
     parser.add_argument(
         "--family",
         default="t5",
@@ -229,6 +222,19 @@ def main(argv: list[str] | None = None) -> int:
         help="gin binding over the family's benchmark config, in both trees "
         "(e.g. --gin BertConfig.dropout_rate=0.1)",
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", default="HEAD~1", help="git revision to compare against")
+    parser.add_argument("--rounds", type=int, default=10, help="A B B A rounds (>= 4)")
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.03,
+        help="slow-down below which no regression is reported",
+    )
+    add_step_arguments(parser)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default="benchmarks/results/step_regression.json")
     args = parser.parse_args(argv)

@@ -36,6 +36,13 @@ def pytest_configure(config):
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _register_tasks():
+    """The tests name this repository's tasks, as a run does once `gin_setup` has imported
+    `tasks`; the library itself registers none (tests/test_import_structure.py)."""
+    import tasks  # noqa: F401
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _block_network():
     socket.socket.connect = network.guarded_connect
     yield
