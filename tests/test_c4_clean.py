@@ -385,43 +385,75 @@ def test_three_sentence_spans_are_deduplicated_keeping_the_first():
 
 
 # ------------------------------------------------------------------- the command
-def test_command_line_reads_jsonl_and_txt_and_writes_c4_layout(tmp_path, capsys):
+def folder_whose_page_hashes(tmp_path, below: bool):
+    """A folder for page.txt whose URL (its path) hashes below or above "a" under C4's md5, so
+    the line both pages share goes to the side the test names, whatever pytest's path is."""
+    for i in range(1000):
+        folder = tmp_path / f"pages{i}"
+        hashed = hashlib.md5(str(folder / "page.txt").encode()).hexdigest()
+        if (hashed < hashlib.md5(b"a").hexdigest()) == below:
+            folder.mkdir()
+            return folder
+    raise AssertionError("no folder name hashes that way")
+
+
+@pytest.fixture(params=["crawl_keeps_line", "page_keeps_line"])
+def pages_dir(request, tmp_path):
+    return folder_whose_page_hashes(tmp_path, below=request.param == "page_keeps_line")
+
+
+def test_command_line_reads_jsonl_and_txt_and_writes_c4_layout(
+    tmp_path, pages_dir, capsys, tfds_c4
+):
     other = [
         "A text file holds a page of its own here.",
         "Its second line is new as well!",
         "Does its third line end the page?",
     ]
+    # Four sentences, so the page keeps C4's three when its line shared with page.txt goes to
+    # page.txt (the URL that hashes lower keeps it; a three-line page would be dropped).
+    crawled = GOOD + ["Boats are lit by candles when the evening falls."]
     with gzip.open(tmp_path / "crawl.jsonl.gz", "wt") as f:
-        f.write(json.dumps({"text": "\n".join(GOOD), "url": "a", "timestamp": "t"}) + "\n")
+        f.write(json.dumps({"text": "\n".join(crawled), "url": "a", "timestamp": "t"}) + "\n")
         f.write(json.dumps({"text": "Some lorem ipsum text is found here."}) + "\n")
-    (tmp_path / "page.txt").write_text("\n".join(other + GOOD[:1]) + "\nno punctuation here")
+    (pages_dir / "page.txt").write_text("\n".join(other + GOOD[:1]) + "\nno punctuation here")
     (tmp_path / "words.txt").write_text("grapefruit\n")
     out = tmp_path / "clean" / "c4-train.00000-of-00001.json.gz"
     args = [
         "--input",
         str(tmp_path / "*.jsonl.gz"),
         "--input",
-        str(tmp_path / "page.txt"),
+        str(pages_dir / "page.txt"),
         "--bad_words_file",
         str(tmp_path / "words.txt"),
     ]
     report = c4_clean.main(args + ["--output", str(out)])
     with gzip.open(out, "rt") as f:
         records = [json.loads(l) for l in f]
-    txt = str(tmp_path / "page.txt")
+    txt = str(pages_dir / "page.txt")
     owner = min(["a", txt], key=lambda u: hashlib.md5(u.encode()).hexdigest())
     assert records == [
-        {"text": "\n".join(GOOD if owner == "a" else GOOD[1:]), "url": "a", "timestamp": "t"},
+        {"text": "\n".join(crawled if owner == "a" else crawled[1:]), "url": "a", "timestamp": "t"},
         {
             "text": "\n".join(other + (GOOD[:1] if owner == txt else [])),
             "url": txt,
             "timestamp": "",
         },
     ]
+    # The same pages through TFDS's pipeline (whose WET reader needs a date on every page).
+    read = [
+        page(*crawled, url="a", timestamp="t"),
+        page("Some lorem ipsum text is found here.", url="b", timestamp="t"),
+        page(*other, GOOD[0], "no punctuation here", url=txt, timestamp="t"),
+    ]
+    assert [(r["url"], r["text"]) for r in records] == tfds_c4(read, bad_words=["grapefruit"])
     assert report.pages_removed == {"lorem_ipsum": 1}
     assert report.lines_removed == {"terminal_punct": 1, "duplicate_line": 1}
     assert "pages removed by lorem_ipsum" in capsys.readouterr().out
     # The paper's rules stream: the repeated single line stays (spans are three sentences).
     report = c4_clean.main(args + ["--output", str(out), "--rules", "paper"])
     with gzip.open(out, "rt") as f:
-        assert [json.loads(l)["text"] for l in f] == ["\n".join(GOOD), "\n".join(other + GOOD[:1])]
+        assert [json.loads(l)["text"] for l in f] == [
+            "\n".join(crawled),
+            "\n".join(other + GOOD[:1]),
+        ]
