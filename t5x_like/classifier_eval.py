@@ -61,7 +61,7 @@ def predictions_and_targets(
                 targets.append(t[scored].tolist())
             continue
         labels = batch["label"][:n]
-        if getattr(model, "is_regression", False):
+        if model.is_regression:
             predictions += predicted.astype(float).tolist()
             targets += labels.astype(float).tolist()
         else:

@@ -83,7 +83,7 @@ def _write(save: Callable[[], object], destination: str, params, what: str = "")
     a line saying what is written and how big it is and a line saying where and how long."""
     import time
 
-    from t5x_like.models.t5 import count_params
+    from t5x_like.models.base import count_params
 
     started = time.monotonic()
     logs.log(f"Writing {destination}: {count_params(params):,} parameters, {_gib(params):.2f} GiB")

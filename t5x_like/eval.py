@@ -99,7 +99,7 @@ def evaluate(
     model, params = restore_model(checkpoint, model_class)
     output_dir = output_dir or default_output_dir(checkpoint, "eval")
     results = {}
-    if not hasattr(model, "predict_batch"):  # a BERT head
+    if model.PROMPT_FEATURE is None:  # a head that predicts labels, not text
         for name in task_names:
             results[name] = classifier_eval.evaluate_task(
                 model, params, name, split, feature_lengths, batch_size, max_examples

@@ -44,7 +44,7 @@ def make_predict_fn(
     """A jitted (params, {'inputs': padded input ids}) -> (tokens, scores) for any generating
     model: the ids go in as the model's `PROMPT_FEATURE` (a decoder-only model's prompt) or
     as T5's `encoder_input_tokens`."""
-    feature = getattr(model, "PROMPT_FEATURE", "encoder_input_tokens")
+    feature = model.PROMPT_FEATURE
     return jax.jit(
         lambda params, batch: model.predict_batch(
             params, {feature: batch["inputs"]}, max_decode_length, return_scores=True, decode=decode

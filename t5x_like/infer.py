@@ -137,12 +137,12 @@ def check_decode_fits(model, feature_lengths: Mapping[str, int]) -> PromptLimit 
     position table before anything is decoded (it was a traceback from inside the model).
     Returns the longest prompt then allowed (None for T5, whose inputs are cut to length
     as the tasks' are)."""
-    cfg = getattr(model, "config", None)
-    limit = getattr(cfg, "max_position_embeddings", None)
-    if not hasattr(model, "PROMPT_FEATURE"):
+    if not model.PROMPT_SHARES_SEQUENCE:
         return None
+    cfg = model.config
+    limit = cfg.position_limit
     inputs, targets = feature_lengths["inputs"], feature_lengths["targets"]
-    learned = limit is not None and getattr(cfg, "learned_positions", True)
+    learned = limit is not None
     if learned and 1 + inputs + targets > limit:
         raise ConfigError(
             f"infer.task_feature_lengths={dict(feature_lengths)} decodes 1 + {inputs} + "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import os
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import jax
 import seqio
@@ -19,6 +19,9 @@ import tensorflow as tf
 from t5x_like.data import task_heads, text_files
 from t5x_like.errors import ConfigError
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
+
+if TYPE_CHECKING:
+    from t5x_like.models.base import Model
 
 # T5's features by default; another model family passes `model=` with its own converter.
 MODEL_FEATURES = EncoderDecoderModel.FEATURES
@@ -224,35 +227,13 @@ def check_resumed_vocabulary(
             )
 
 
-def check_num_labels(task_or_mixture: seqio.Task | seqio.Mixture, model) -> None:
-    """A fine-tuning head must have as many outputs as the task has labels (and for GPT-1's
-    heads, the task's way of combining sequences and the special tokens in the vocabulary)."""
-    wanted = getattr(model, "num_labels", None)
-    combine = getattr(model, "combine", None)
-    name = type(model).__name__
+def check_num_labels(task_or_mixture: seqio.Task | seqio.Mixture, model: Model) -> None:
+    """Each task's head (`data.task_heads`: label count, GPT-1's way of combining sequences)
+    must be one the model can train (`Model.check_task_head`)."""
     for task in _tasks_of(task_or_mixture):
         head = task_heads.head_of(task.name)
-        labels = head.num_labels if head else None
-        if combine is not None and head is not None and head.combine is not None:
-            if head.combine != combine:
-                raise ConfigError(
-                    f"Task {task.name!r} frames its inputs for "
-                    f"{name}.combine = {head.combine!r}, not "
-                    f"{combine!r}; bind that."
-                )
-            if getattr(model.config, "num_special_tokens", 0) < 3:
-                raise ConfigError(
-                    f"Task {task.name!r} uses GPT-1's start, delimiter and "
-                    "extract tokens; bind GPTConfig.num_special_tokens = 3."
-                )
-            if combine == "choices":
-                continue  # the head scores each candidate: no label count to match
-        if wanted is not None and labels is not None and labels != wanted:
-            kind = "1 (regression)" if labels == 1 else str(labels)
-            raise ConfigError(
-                f"Task {task.name!r} has {kind} labels but the model's head has {wanted} "
-                f"outputs; bind {name}.num_labels = {labels}."
-            )
+        if head is not None:
+            model.check_task_head(task.name, head)
 
 
 def check_sequence_fits(
@@ -264,8 +245,8 @@ def check_sequence_fits(
     """The model's sequences must fit its learned position table (BERT, GPT): otherwise the
     first step would fail inside the compiled model, after minutes of set-up."""
     cfg = model.config
-    limit = getattr(cfg, "max_position_embeddings", None)
-    if limit is None or not getattr(cfg, "learned_positions", True):
+    limit = cfg.position_limit
+    if limit is None:
         return  # relative positions (T5) or none: any length is representable
     lengths = model.feature_converter(pack).get_model_feature_lengths(dict(task_feature_lengths))
     longest = max(

@@ -128,8 +128,8 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
 
     from t5x_like import optimizers, partitioning, trainer
     from t5x_like.gin_setup import load_model_config
+    from t5x_like.models.base import count_params
     from t5x_like.models.encoder_decoder import EncoderDecoderModel
-    from t5x_like.models.t5 import count_params
 
     if jax.device_count() != args.num_devices:
         raise SystemExit(

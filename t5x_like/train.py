@@ -53,7 +53,7 @@ from t5x_like import (
     trainer,
 )
 from t5x_like.checkpoints import params_io
-from t5x_like.models import t5
+from t5x_like.models import base
 from t5x_like.models.base import Model
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
 
@@ -238,7 +238,7 @@ def train(
             peak_learning_rate,
             train_steps,
         )
-        tx = optimizers.make_optimizer(optimizer, lr_fn, getattr(model, "frozen_modules", ()))
+        tx = optimizers.make_optimizer(optimizer, lr_fn, model.frozen_modules)
         layout = trainer.make_layout(model, tx, mesh, rules)  # abstract: cheap
         abstract = trainer.abstract_state(model, tx, layout)
         checkpointer = trainer.Checkpointer(model_dir, keep_checkpoints)
@@ -513,7 +513,7 @@ def train(
             num_predictions
             and not preempted
             and jax.process_index() == 0
-            and hasattr(model, "predict_batch")
+            and model.PROMPT_FEATURE is not None
         ):
             show_predictions(
                 model, jax.device_get(state.params), task, feature_lengths, num_predictions
@@ -535,7 +535,7 @@ def _log_saved(step: int | None) -> None:
 def model_size_line(model: Model, feature_lengths: Mapping[str, int], batch_size: int) -> str:
     """Parameter count and hand-counted model FLOPs (`flops.forward_flops`), so runs of
     different architectures (the T5 paper's Table 2) can be compared at start-up."""
-    params = t5.count_params(model.abstract_params())
+    params = base.count_params(model.abstract_params())
     step = flops.train_step_flops(model.config, feature_lengths, batch_size)
     line = f"model: {type(model).__name__}, {params:,} parameters"
     if step is not None:
@@ -558,7 +558,7 @@ def _evaluate_tasks(
 ) -> dict[str, dict[str, float]]:
     """Score each task's validation set with its metrics: decoded text (DecodeConfig from gin;
     greedy by default) for text-to-text models, the head's predictions for BERT's."""
-    if not hasattr(model, "predict_batch"):
+    if model.PROMPT_FEATURE is None:
         return {
             name: classifier_eval.evaluate_task(
                 model, params, name, "validation", feature_lengths, batch_size, max_examples

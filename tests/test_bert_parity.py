@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from t5x_like.checkpoints import hf_bert  # noqa: E402
-from t5x_like.models import bert  # noqa: E402
+from t5x_like.models import base, bert  # noqa: E402
 
 CONFIGS = {
     "tiny": dict(
@@ -90,7 +90,7 @@ def test_outputs_match_transformers(name):
     )
     np.testing.assert_allclose(out["pooled"], pooled_ref, atol=1e-4, rtol=1e-4)
     n_ref = sum(p.numel() for p in model.parameters())
-    assert bert.count_params(params) == n_ref
+    assert base.count_params(params) == n_ref
 
 
 def test_export_round_trip_and_bare_bert_model():

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from t5x_like.checkpoints import hf_gpt  # noqa: E402
-from t5x_like.models import decoder_only  # noqa: E402
+from t5x_like.models import base, decoder_only  # noqa: E402
 
 SIZES = dict(vocab_size=61, n_positions=24, n_embd=32, n_layer=2, n_head=4)
 MODELS = {
@@ -133,14 +133,13 @@ def test_published_sizes_match_transformers(name, family):
     import os
 
     from t5x_like.gin_setup import load_model_config
-    from t5x_like.models import t5
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cfg = load_model_config(
         [os.path.join(root, f"gin_configs/models/gpt/{name}.gin")],
         config_class=decoder_only.GPTConfig,
     )
-    ours = t5.count_params(decoder_only.DecoderOnlyModel(cfg).abstract_params())
+    ours = base.count_params(decoder_only.DecoderOnlyModel(cfg).abstract_params())
     config_cls, model_cls = MODELS[family]
     with torch.device("meta"):
         reference = model_cls(config_cls(**hf_gpt.hf_config(cfg)))

@@ -11,8 +11,9 @@ import os
 import pytest
 
 from t5x_like.gin_setup import load_model_config
+from t5x_like.models import base
+from t5x_like.models.base import count_params
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
-from t5x_like.models.t5 import count_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOMINAL = {
@@ -91,7 +92,7 @@ def test_bert_parameter_count(name):
     shapes = jax.eval_shape(
         lambda: bert.BertForPreTraining(cfg).init(jax.random.key(0), jnp.ones((1, 8), jnp.int32))
     )["params"]
-    count = bert.count_params(shapes)
+    count = base.count_params(shapes)
     assert count == BERT_COUNTS[name]
     with open(path) as f:
         assert f"{count:,} parameters" in f.readline()

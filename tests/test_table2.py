@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from t5x_like import flops, gin_setup, logs, train  # noqa: F401  (train registers its gin configurable)
-from t5x_like.models import t5
+from t5x_like.models import base, t5
 from t5x_like.models.decoder_only import DecoderOnlyModel, GPTConfig
 from t5x_like.models.encoder_decoder import EncoderDecoderModel
 
@@ -50,7 +50,7 @@ def test_base_size_parameters_and_flops_follow_the_paper():
     params, cost = {}, {}
     for arch in ARCHITECTURES:
         model, lengths = _model(f"{arch}_denoising")
-        params[arch] = t5.count_params(model.abstract_params())
+        params[arch] = base.count_params(model.abstract_params())
         cost[arch] = flops.forward_flops(model.config, lengths)
     lm = params["language_model"]
     # P: the 12-layer decoder-only models; 2P: the full encoder-decoder. The paper's P leaves
@@ -75,13 +75,13 @@ def test_shared_model_is_one_stack_plus_cross_attention():
     shared, _ = _model("shared_denoising", os.path.join(TABLE2, "sizes/tiny.gin"))
     full_tree, shared_tree = (_tree(m.abstract_params()) for m in (full, shared))
     own = ("self_attention", "mlp", "pre_self_attention_layer_norm", "pre_mlp_layer_norm")
-    expected = t5.count_params(full_tree) - sum(
-        t5.count_params(full_tree["decoder"][layer][part])
+    expected = base.count_params(full_tree) - sum(
+        base.count_params(full_tree["decoder"][layer][part])
         for layer in full_tree["decoder"]
         if layer.startswith("layers_")
         for part in own
     )
-    assert t5.count_params(shared_tree) == expected
+    assert base.count_params(shared_tree) == expected
     for layer in ("layers_0", "layers_1"):
         assert set(shared_tree["decoder"][layer]) == {
             "encoder_decoder_attention",
@@ -155,7 +155,7 @@ def test_hand_flop_count_equals_the_traced_matmuls():
     params = t5.nn.meta.unbox(model.init(jax.random.key(0)))
     enc, dec = jnp.ones((1, 7), jnp.int32), jnp.ones((1, 5), jnp.int32)
     traced = _dot_flops(lambda p: model.module.apply({"params": p}, enc, dec), params)
-    assert flops.encoder_decoder_flops(t5_cfg, 7, 5) == traced
+    assert t5_cfg.forward_flops({"inputs": 7, "targets": 5}) == traced
 
     gpt_cfg = GPTConfig(
         vocab_size=96,

@@ -14,7 +14,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from t5x_like import storage
-from t5x_like.models.t5 import T5Config
+from t5x_like.models.base import ModelConfig, config_from_json
 
 Params = Any
 
@@ -57,7 +57,7 @@ def orbax_manager(
 
 
 def save_params(
-    directory: str, params: Params, config: T5Config, step: int = 0, keep: int | None = None
+    directory: str, params: Params, config: ModelConfig, step: int = 0, keep: int | None = None
 ) -> str:
     """Write `params` and `config` as step `step` of an orbax checkpoint directory (keeping
     the newest `keep` steps; None keeps all)."""
@@ -82,19 +82,6 @@ def restore_config(directory: str, step: int | None = None) -> Any:
     return config_from_json(restored["config"])
 
 
-def config_from_json(data: dict) -> Any:
-    """A T5Config, or the BertConfig / GPTConfig a config's `"family"` names."""
-    if data.get("family") == "bert":
-        from t5x_like.models.bert import BertConfig
-
-        return BertConfig.from_json(data)
-    if data.get("family") == "gpt":
-        from t5x_like.models.decoder_only import GPTConfig
-
-        return GPTConfig.from_json(data)
-    return T5Config(**data)
-
-
 def restore_params(directory: str, abstract_params: Params, step: int | None = None) -> Params:
     """Parameters restored onto the shardings/dtypes of `abstract_params` (ShapeDtypeStructs)."""
     with orbax_manager(directory) as manager:
@@ -105,22 +92,6 @@ def restore_params(directory: str, abstract_params: Params, step: int | None = N
             step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params))
         )
     return restored["params"]
-
-
-# Fields that decide parameter shapes and meaning; dropout, dtype and the like may differ
-# between pretraining and fine-tuning.
-ARCHITECTURE_FIELDS = (
-    "vocab_size",
-    "emb_dim",
-    "num_heads",
-    "head_dim",
-    "mlp_dim",
-    "num_encoder_layers",
-    "num_decoder_layers",
-    "mlp_activations",
-    "logits_via_embedding",
-    "relative_attention_num_buckets",
-)
 
 
 # How a step is computed, not what the model is: a resumed run may change them.
@@ -135,7 +106,7 @@ def checkpoint_directory(path: str) -> str:
     return nested if storage.isdir(nested) else path
 
 
-def check_compatible(saved: T5Config, config: T5Config, where: str) -> None:
+def check_compatible(saved: ModelConfig, config: ModelConfig, where: str) -> None:
     """Refuse a checkpoint of another architecture or vocabulary before loading anything."""
     from t5x_like.errors import ConfigError
 
@@ -144,7 +115,7 @@ def check_compatible(saved: T5Config, config: T5Config, where: str) -> None:
             f"The checkpoint in {where} is a {type(saved).__name__} model, not a "
             f"{type(config).__name__} one; use a model gin file of its family."
         )
-    fields = getattr(type(config), "ARCHITECTURE_FIELDS", ARCHITECTURE_FIELDS)
+    fields = type(config).ARCHITECTURE_FIELDS
     diffs = [
         f"{k}: checkpoint {getattr(saved, k)!r} vs config {getattr(config, k)!r}"
         for k in fields
@@ -182,8 +153,8 @@ def load_pretrained(
             "checkpoint directory (python -m t5x_like.convert writes one)."
         ) from e
     check_compatible(saved, config, directory)
-    saved_scanned = getattr(saved, "scan_layers", False)
-    if saved_scanned == getattr(config, "scan_layers", False):
+    saved_scanned = saved.scan_layers
+    if saved_scanned == config.scan_layers:
         return _restore_pretrained(directory, step, abstract_params, fresh_params)
     # Another layer layout: restore in the checkpoint's, then restack for this model.
     import jax

@@ -12,12 +12,14 @@ apply unchanged (new logical names: `positions`, `segments`, `classes`, all repl
 from __future__ import annotations
 
 import dataclasses
+from typing import Mapping
 
 import flax.linen as nn
 import gin
 import jax
 import jax.numpy as jnp
 
+from t5x_like import flops
 from t5x_like.models import layers
 
 Array = jax.Array
@@ -25,7 +27,7 @@ Array = jax.Array
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
-class BertConfig(layers.FamilyConfig):
+class BertConfig(layers.HiddenSizeConfig):
     """Dimensions of a BERT model; defaults are BERT-Base (110M parameters, uncased vocab)."""
 
     vocab_size: int = 30522
@@ -61,6 +63,24 @@ class BertConfig(layers.FamilyConfig):
     def __post_init__(self) -> None:
         layers.check_attention_implementation(self.attention_implementation)
         layers.check_remat_policy(self.remat_policy)
+
+    @property
+    def position_limit(self) -> int:
+        return self.max_position_embeddings
+
+    def forward_flops(self, feature_lengths: Mapping[str, int]) -> int:
+        """The encoder over the 'inputs' tokens, the masked-LM head (a dense transform and the
+        vocabulary projection) at the 'targets' (predicted) positions and the pooler."""
+        length, predictions = (
+            int(feature_lengths.get("inputs", 0)),
+            int(feature_lengths.get("targets", 0)),
+        )
+        width = self.hidden_size
+        layer = flops.attention_flops(
+            length, length, width, self.num_heads, self.head_dim
+        ) + flops.mlp_flops(length, width, self.intermediate_size)
+        head = 2 * predictions * width * (width + self.vocab_size)
+        return self.num_layers * layer + head + 2 * width * width
 
 
 def layer_norm(cfg: BertConfig, name: str) -> nn.LayerNorm:
@@ -410,7 +430,3 @@ class BiLSTM(nn.Module):
         forward = nn.RNN(nn.OptimizedLSTMCell(self.features, parent=None), name="forward")
         backward = nn.RNN(nn.OptimizedLSTMCell(self.features, parent=None), name="backward")
         return nn.Bidirectional(forward, backward)(x, seq_lengths=lengths)
-
-
-def count_params(params) -> int:
-    return sum(int(x.size) for x in jax.tree_util.tree_leaves(nn.meta.unbox(params)))

@@ -14,7 +14,7 @@ feature converter that builds its batches:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 import flax.linen as nn
 import gin
@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from t5x_like import losses
-from t5x_like.models import bert
+from t5x_like.models import base, bert
 
 if TYPE_CHECKING:
     from t5x_like import bert_features
@@ -56,12 +56,12 @@ def _correct(logits: Array, labels: Array) -> Array:
     return losses.target_is_argmax(logits, labels.astype(jnp.int32)).astype(jnp.float32)
 
 
-class _BertWrapper:
+class _BertWrapper(base.Model):
     """What every BERT model shares: the config (BertConfig() from gin when not given), the
     Flax module, parameter creation and the forward pass on a batch."""
 
-    FEATURES: tuple[str, ...] = ("input_ids", "segment_ids", "input_mask")
-    frozen_modules: tuple[str, ...] = ()
+    FEATURES: ClassVar[tuple[str, ...]] = ("input_ids", "segment_ids", "input_mask")
+    config: bert.BertConfig
 
     def __init__(self, config: bert.BertConfig | None = None) -> None:
         self.config = config if config is not None else bert.BertConfig()
@@ -186,6 +186,7 @@ class BertClassifierModel(_ExampleLossModel):
     `accuracy` is reported as 0 and the task's Pearson/Spearman metrics are what count."""
 
     FEATURES = _BertWrapper.FEATURES + ("label", "label_weights")
+    num_labels: int
 
     def __init__(self, config: bert.BertConfig | None = None, num_labels: int = 2) -> None:
         self.num_labels = num_labels
@@ -285,6 +286,7 @@ class BertTaggerModel(_BertWrapper):
     (`frozen_modules`, which the optimizer leaves untouched)."""
 
     FEATURES = _BertWrapper.FEATURES + ("labels", "label_weights")
+    num_labels: int
 
     def __init__(
         self,

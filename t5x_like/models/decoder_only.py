@@ -13,20 +13,22 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Mapping
 
 import flax.linen as nn
 import gin
 import jax
 import jax.numpy as jnp
 
-from t5x_like.models import layers
+from t5x_like import flops
+from t5x_like.models import base, layers
 
 Array = jax.Array
 
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
-class GPTConfig(layers.FamilyConfig):
+class GPTConfig(layers.HiddenSizeConfig):
     """Dimensions and layer style of a decoder-only model; defaults are GPT-1 (117M
     parameters, 40,478-entry BPE vocabulary, 512 positions).
 
@@ -114,6 +116,19 @@ class GPTConfig(layers.FamilyConfig):
     @property
     def learned_positions(self) -> bool:
         return self.position_encoding == "learned"
+
+    @property
+    def position_limit(self) -> int | None:
+        return self.max_position_embeddings if self.learned_positions else None
+
+    def forward_flops(self, feature_lengths: Mapping[str, int]) -> int:
+        """One row of inputs and targets concatenated, logits at every position."""
+        length = int(feature_lengths.get("inputs", 0)) + int(feature_lengths.get("targets", 0))
+        width = self.hidden_size
+        layer = flops.attention_flops(
+            length, length, width, self.num_heads, self.head_dim
+        ) + flops.mlp_flops(length, width, self.intermediate_size, len(self.activations))
+        return self.num_layers * layer + 2 * length * width * self.vocab_size
 
 
 def _norm(cfg: GPTConfig, name: str) -> nn.Module:
@@ -342,7 +357,7 @@ class DecoderOnly(nn.Module):
 
 
 @gin.configurable
-class DecoderOnlyModel:
+class DecoderOnlyModel(base.Model):
     """A decoder-only LM for the trainer (`base.Model`): seqio's `DecoderFeatureConverter`
     batches (a task with only `targets` is a causal LM with loss on every token; one with
     `inputs` too concatenates them, loss on the targets unless `loss_on_targets_only=False`),
@@ -362,6 +377,7 @@ class DecoderOnlyModel:
         "decoder_causal_attention",
     )
     PROMPT_FEATURE = "prompt_tokens"
+    PROMPT_SHARES_SEQUENCE = True
     ATTENTION_MODES = ("prefix", "causal")
 
     def __init__(

@@ -28,7 +28,7 @@ Params = Any
 
 
 @gin.configurable
-class EncoderDecoderModel:
+class EncoderDecoderModel(base.Model):
     """T5 with its loss, scoring and greedy decoding (a `base.Model`). Without a config it
     builds `T5Config()`, i.e. whatever the model gin file bound."""
 
@@ -40,6 +40,7 @@ class EncoderDecoderModel:
         "decoder_loss_weights",
         "decoder_segment_ids",
     )
+    PROMPT_FEATURE = "encoder_input_tokens"
 
     def __init__(
         self,

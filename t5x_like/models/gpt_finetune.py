@@ -19,16 +19,20 @@ reference code does).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import gin
 import jax
 import jax.numpy as jnp
 
 from t5x_like import bert_features, losses
-from t5x_like.models import layers
+from t5x_like.errors import ConfigError
+from t5x_like.models import base, layers
 from t5x_like.models.bert_models import _example_weights
 from t5x_like.models.decoder_only import DecoderOnly, GPTConfig
+
+if TYPE_CHECKING:
+    from t5x_like.data.task_heads import Head
 
 Array = jax.Array
 Batch = Mapping[str, Array]
@@ -89,7 +93,7 @@ def language_model_loss(lm_logits: Array, input_ids: Array, input_mask: Array) -
 
 
 @gin.configurable
-class GPTClassifierModel:
+class GPTClassifierModel(base.Model):
     """GPT-1 fine-tuning for the trainer (`base.Model`). `combine`: 'single' (classification,
     entailment; one sequence), 'sum_orderings' (similarity; two orderings) or 'choices'
     (multiple choice; `num_choices` sequences). `num_labels == 1` is regression (STS-B)."""
@@ -126,6 +130,26 @@ class GPTClassifierModel:
     @property
     def is_regression(self) -> bool:
         return self.combine != "choices" and self.num_labels == 1
+
+    def check_task_head(self, task_name: str, head: Head) -> None:
+        """A GPT-1 task also fixes how its sequences combine and needs the start, delimiter
+        and extract tokens; a multiple-choice head scores each candidate, so it has no label
+        count to match."""
+        name = type(self).__name__
+        if head.combine is not None:
+            if head.combine != self.combine:
+                raise ConfigError(
+                    f"Task {task_name!r} frames its inputs for {name}.combine = "
+                    f"{head.combine!r}, not {self.combine!r}; bind that."
+                )
+            if self.config.num_special_tokens < 3:
+                raise ConfigError(
+                    f"Task {task_name!r} uses GPT-1's start, delimiter and "
+                    "extract tokens; bind GPTConfig.num_special_tokens = 3."
+                )
+            if self.combine == "choices":
+                return
+        super().check_task_head(task_name, head)
 
     def init(self, rng: Array) -> Params:
         n = self.sequences_per_example

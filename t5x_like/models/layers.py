@@ -22,7 +22,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from t5x_like import products, reductions
-from t5x_like.models import flash_attention
+from t5x_like.models import base, flash_attention
 
 Array = jax.Array
 Initializer = Callable[..., Array]
@@ -186,24 +186,15 @@ def scanned_stack(
     )
 
 
-class FamilyConfig:
-    """A model config's checkpoint JSON: its fields plus `FAMILY`, so a checkpoint says which
-    model it belongs to (`params_io.config_from_json` reads it back)."""
+class HiddenSizeConfig(base.ModelConfig):
+    """A config sized by `hidden_size` split over `num_heads` (BERT, GPT)."""
 
-    FAMILY = ""
+    hidden_size: int
+    num_heads: int
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
-
-    def to_json(self) -> dict:
-        import dataclasses
-
-        return {"family": self.FAMILY, **dataclasses.asdict(self)}
-
-    @classmethod
-    def from_json(cls, data: dict):
-        return cls(**{k: v for k, v in data.items() if k != "family"})
 
 
 class Embed(nn.Module):

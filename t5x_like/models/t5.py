@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import flax.linen as nn
 import gin
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from t5x_like.models import flash_attention, layers
+from t5x_like import flops
+from t5x_like.models import base, flash_attention, layers
 
 Array = jax.Array
 
@@ -31,7 +31,7 @@ def _constrain(x: Array, axes: tuple[str, ...] = ACTIVATION_AXES) -> Array:
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
-class T5Config:
+class T5Config(base.ModelConfig):
     """Dimensions and switches of a T5 model. Defaults are T5 v1.0 Small.
 
     `logits_via_embedding=True` ties the output layer to the input embedding and scales the
@@ -68,6 +68,22 @@ class T5Config:
     attention_implementation: str = "xla"  # layers.ATTENTION_IMPLEMENTATIONS
     scan_layers: bool = False
 
+    FAMILY = "t5"
+    # Fields that decide parameter shapes and meaning; dropout, dtype and the like may differ
+    # between pretraining and fine-tuning.
+    ARCHITECTURE_FIELDS = (
+        "vocab_size",
+        "emb_dim",
+        "num_heads",
+        "head_dim",
+        "mlp_dim",
+        "num_encoder_layers",
+        "num_decoder_layers",
+        "mlp_activations",
+        "logits_via_embedding",
+        "relative_attention_num_buckets",
+    )
+
     def __post_init__(self) -> None:
         # Gin hands lists; keep the config hashable so it can be a static jit argument.
         object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
@@ -89,11 +105,30 @@ class T5Config:
     def jnp_dtype(self) -> jnp.dtype:
         return jnp.dtype(self.dtype)
 
-    def to_json(self) -> dict:
-        """Plain JSON-able fields, as stored beside checkpoints."""
-        out = dataclasses.asdict(self)
-        out["mlp_activations"] = list(self.mlp_activations)
-        return out
+    def forward_flops(self, feature_lengths: Mapping[str, int]) -> int:
+        """The encoder over the inputs, the decoder over the targets (self- and
+        cross-attention), the vocabulary projection over the targets. Shared parameters do
+        not change the count: the stack still runs twice."""
+        inputs, targets = (
+            int(feature_lengths.get("inputs", 0)),
+            int(feature_lengths.get("targets", 0)),
+        )
+        projections = len(self.mlp_activations)
+        width, heads, head_dim = self.emb_dim, self.num_heads, self.head_dim
+        encoder_layer = flops.attention_flops(
+            inputs, inputs, width, heads, head_dim
+        ) + flops.mlp_flops(inputs, width, self.mlp_dim, projections)
+        decoder_layer = (
+            flops.attention_flops(targets, targets, width, heads, head_dim)
+            + flops.attention_flops(targets, inputs, width, heads, head_dim)
+            + flops.mlp_flops(targets, width, self.mlp_dim, projections)
+        )
+        logits = 2 * targets * width * self.vocab_size
+        return (
+            self.num_encoder_layers * encoder_layer
+            + self.num_decoder_layers * decoder_layer
+            + logits
+        )
 
 
 def _attention(cfg: T5Config, name: str) -> layers.MultiHeadAttention:
@@ -470,9 +505,3 @@ class Transformer(nn.Module):
             max_decode_length=max_decode_length,
             return_hidden=return_hidden,
         )
-
-
-def count_params(params) -> int:
-    """Number of scalars in a (possibly boxed or abstract) parameter tree."""
-    leaves = jax.tree_util.tree_leaves(nn.meta.unbox(params))
-    return int(sum(np.prod(x.shape) for x in leaves))
