@@ -28,39 +28,16 @@ import sys
 from typing import Callable
 
 from t5x_like import logs
-from t5x_like.checkpoints import hf_bert, hf_gpt, hf_reference, hf_t5, params_io, scan_layout
+from t5x_like.checkpoints import hf_families, hf_reference, hf_t5, params_io, scan_layout
 
 
 def _import(args: argparse.Namespace) -> int:
-    family = hf_t5.read_config(args.from_hf).get("model_type", "t5")
-    loader = {
-        "t5": hf_t5.load_hf_checkpoint,
-        "bert": hf_bert.load_hf_checkpoint,
-        "openai-gpt": hf_gpt.load_hf_checkpoint,
-        "gpt2": hf_gpt.load_hf_checkpoint,
-    }.get(family)
-    if loader is None:
-        print(
-            f"error: config.json model_type={family!r}; supported: t5, bert, openai-gpt, gpt2.",
-            file=sys.stderr,
-        )
-        return 2
-    config, params = loader(args.from_hf)
+    model_type = hf_t5.read_config(args.from_hf).get("model_type", hf_families.UNTYPED_MODEL_TYPE)
+    family = hf_families.for_model_type(model_type)
+    config, params = family.load(args.from_hf)
     logs.log(f"Read {args.from_hf}: {config}")
     if args.verify:
-        if family in ("openai-gpt", "gpt2"):
-            diffs = hf_reference.max_abs_gpt_differences(args.from_hf, config, params)
-        elif family == "bert":
-            diffs = hf_reference.max_abs_bert_differences(
-                hf_reference.load_hf_bert(args.from_hf, has_heads="mlm" in params), config, params
-            )
-        else:
-            diffs = hf_reference.max_abs_differences(
-                hf_reference.load_hf_model(args.from_hf),
-                config,
-                params,
-                hf_reference.example_batch(config.vocab_size),
-            )
+        diffs = family.verify(args.from_hf, config, params)
         for name, value in diffs.items():
             logs.log(f"max_abs_{name}_diff={value:.3e}")
         worst = max(diffs.values())
@@ -129,17 +106,8 @@ def _restack(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     config, params = _read_checkpoint(args.from_ckpt)
-    if isinstance(config, hf_t5.T5Config):
-        save = functools.partial(hf_t5.save_hf_checkpoint, args.to_hf, params, config)
-        architecture = "T5ForConditionalGeneration"
-    elif isinstance(config, hf_gpt.GPTConfig):
-        save = functools.partial(hf_gpt.save_hf_checkpoint, args.to_hf, params, config)
-        architecture = hf_gpt.hf_config(config)["architectures"][0]
-    else:
-        architecture = hf_bert.export_architecture(params, args.hf_architecture)
-        save = functools.partial(
-            hf_bert.save_hf_checkpoint, args.to_hf, params, config, architecture
-        )
+    family = hf_families.for_config(config)
+    save, architecture = family.export(args.to_hf, params, config, args.hf_architecture)
     _write(save, args.to_hf, params, f" (config.json + model.safetensors, {architecture} layout)")
     return 0
 

@@ -19,7 +19,7 @@ import pytest
 
 from t5x_like import flops
 from t5x_like.checkpoints import params_io
-from t5x_like.errors import ConfigError
+from t5x_like.errors import CheckpointError, ConfigError
 from t5x_like.models import base, bert, bert_models, decoder_only, encoder_decoder, gpt_finetune, t5
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,10 +33,10 @@ MODELS = [
     bert_models.BertTaggerModel,
     gpt_finetune.GPTClassifierModel,
 ]
-# The family-free core: every library module outside the families' own. `convert.py` still
-# picks a HuggingFace converter by the checkpoint's `model_type` (issue #35 leaves it to move
-# into per-family registration with the HuggingFace modules).
-FAMILY_MODULES = ("models/", "checkpoints/hf_", "bert_", "gpt_", "convert.py")
+# The family-free core: every library module outside the families' own (`hf_families` is the
+# generic registry of their HuggingFace conversions).
+FAMILY_MODULES = ("models/", "checkpoints/hf_t5", "checkpoints/hf_bert", "checkpoints/hf_gpt")
+FAMILY_MODULES += ("checkpoints/hf_reference", "bert_", "gpt_")
 
 
 @pytest.mark.parametrize("model_class", MODELS, ids=lambda c: c.__name__)
@@ -185,3 +185,38 @@ def test_a_family_without_a_flop_count_leaves_mfu_unreported():
         scan_layers: bool = False
 
     assert flops.train_step_flops(Uncounted(), {"inputs": 5}, 3) is None
+
+
+# ------------------------------------------------------------- HuggingFace conversions
+@pytest.mark.parametrize(
+    "model_type, config_class",
+    [
+        ("t5", t5.T5Config),
+        ("bert", bert.BertConfig),
+        ("openai-gpt", decoder_only.GPTConfig),
+        ("gpt2", decoder_only.GPTConfig),
+    ],
+)
+def test_each_family_registers_its_huggingface_model_types(model_type, config_class):
+    from t5x_like.checkpoints import hf_families
+
+    family = hf_families.for_model_type(model_type)
+    assert family.config_class is config_class
+    assert hf_families.for_config(config_class()) is family
+
+
+def test_an_unknown_huggingface_model_type_is_refused_by_convert(tmp_path, capsys):
+    from t5x_like import convert
+
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    assert convert.main(["--from_hf", str(tmp_path), "--to", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert "model_type='llama'; supported: t5, bert, openai-gpt, gpt2." in error
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_family_without_a_huggingface_export_is_refused():
+    from t5x_like.checkpoints import hf_families
+
+    with pytest.raises(CheckpointError, match="No HuggingFace export for a ToyConfig"):
+        hf_families.for_config(ToyConfig())

@@ -8,10 +8,11 @@ code runs); unknown, missing or mis-shaped tensors are errors that name the tens
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from t5x_like.checkpoints import hf_families
 from t5x_like.checkpoints.hf_t5 import (
     CheckpointError,
     TransformPair,
@@ -313,3 +314,25 @@ def save_hf_checkpoint(
         metadata={"format": "pt"},
     )
     return architecture
+
+
+# ------------------------------------------------------------------------- registration
+def verify(checkpoint_dir: str, cfg: BertConfig, params: Params) -> dict[str, float]:
+    """Our model and transformers' (with the pretraining heads when the checkpoint has them)
+    on the same batch: the largest differences."""
+    from t5x_like.checkpoints import hf_reference
+
+    model = hf_reference.load_hf_bert(checkpoint_dir, has_heads="mlm" in params)
+    return hf_reference.max_abs_bert_differences(model, cfg, params)
+
+
+def export(
+    directory: str, params: Params, cfg: BertConfig, architecture: str | None = None
+) -> tuple[Callable[[], object], str]:
+    architecture = export_architecture(params, architecture)
+    return lambda: save_hf_checkpoint(directory, params, cfg, architecture), architecture
+
+
+HUGGINGFACE = hf_families.register(
+    hf_families.HuggingFaceFamily(("bert",), BertConfig, load_hf_checkpoint, verify, export)
+)

@@ -8,10 +8,11 @@ layer is tied to the token embedding (`lm_head.weight` is accepted only as that 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
+from t5x_like.checkpoints import hf_families
 from t5x_like.checkpoints.hf_t5 import CheckpointError
 from t5x_like.models.decoder_only import GPTConfig
 
@@ -264,3 +265,25 @@ def save_hf_checkpoint(directory: str, params: Params, cfg: GPTConfig) -> None:
         os.path.join(directory, "model.safetensors"),
         metadata={"format": "pt"},
     )
+
+
+# ------------------------------------------------------------------------- registration
+def verify(checkpoint_dir: str, cfg: GPTConfig, params: Params) -> dict[str, float]:
+    """Our model and transformers' on the same batch: the largest differences."""
+    from t5x_like.checkpoints import hf_reference
+
+    return hf_reference.max_abs_gpt_differences(checkpoint_dir, cfg, params)
+
+
+def export(
+    directory: str, params: Params, cfg: GPTConfig, architecture: str | None = None
+) -> tuple[Callable[[], object], str]:
+    del architecture  # the LM-head model of the config's kind (OpenAI GPT or GPT-2)
+    return lambda: save_hf_checkpoint(directory, params, cfg), hf_config(cfg)["architectures"][0]
+
+
+HUGGINGFACE = hf_families.register(
+    hf_families.HuggingFaceFamily(
+        ("openai-gpt", "gpt2"), GPTConfig, load_hf_checkpoint, verify, export
+    )
+)

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from t5x_like import logs
+from t5x_like.checkpoints import hf_families
 from t5x_like.errors import CheckpointError
 from t5x_like.models.t5 import T5Config
 
@@ -520,3 +521,28 @@ def save_hf_checkpoint(directory: str, params: Params, cfg: T5Config) -> None:
         os.path.join(directory, "model.safetensors"),
         metadata={"format": "pt"},
     )
+
+
+# ------------------------------------------------------------------------- registration
+def verify(checkpoint_dir: str, cfg: T5Config, params: Params) -> dict[str, float]:
+    """Our model and transformers' on the same batch: the largest differences."""
+    from t5x_like.checkpoints import hf_reference
+
+    return hf_reference.max_abs_differences(
+        hf_reference.load_hf_model(checkpoint_dir),
+        cfg,
+        params,
+        hf_reference.example_batch(cfg.vocab_size),
+    )
+
+
+def export(
+    directory: str, params: Params, cfg: T5Config, architecture: str | None = None
+) -> tuple[Callable[[], object], str]:
+    del architecture  # one architecture: the text-to-text model
+    return lambda: save_hf_checkpoint(directory, params, cfg), "T5ForConditionalGeneration"
+
+
+HUGGINGFACE = hf_families.register(
+    hf_families.HuggingFaceFamily(("t5",), T5Config, load_hf_checkpoint, verify, export)
+)
