@@ -108,21 +108,7 @@ def _worker(args: argparse.Namespace) -> None:
 
 def program_of(tree: str, args: argparse.Namespace) -> str:
     """The canonical HLO of `tree`'s standard step, compiled in a fresh process."""
-    env = {**os.environ, "PYTHONPATH": tree, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")}
-    command = [
-        sys.executable,
-        os.path.abspath(__file__),
-        "--worker",
-        "--family",
-        args.family,
-        "--batch",
-        str(args.batch),
-        "--inputs",
-        str(args.inputs),
-        "--targets",
-        str(args.targets),
-        *[f"--gin={b}" for b in args.bindings],
-    ]
+    command, env = _step_regression().worker_command(__file__, tree, args)
     done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"Compiling the step in {tree} failed:\n{done.stderr[-4000:]}")

@@ -106,27 +106,30 @@ def _worker(family_name: str, batch: int, inputs: int, targets: int, bindings: l
     interleave.serve(interleave.timed(one_step))
 
 
-def _start_worker(tree: str, args: argparse.Namespace, name: str):
+def worker_command(script: str, tree: str, args: argparse.Namespace) -> tuple[list[str], dict]:
+    """(command, environment) that runs `script --worker` with the step arguments
+    (`add_step_arguments`) on `tree`'s code: the tree first on the path, the XLA flags kept."""
     env = {**os.environ, "PYTHONPATH": tree, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")}
-    return _interleave().StepServer(
-        [
-            sys.executable,
-            os.path.abspath(__file__),
-            "--worker",
-            "--family",
-            args.family,
-            "--batch",
-            str(args.batch),
-            "--inputs",
-            str(args.inputs),
-            "--targets",
-            str(args.targets),
-            *[f"--gin={b}" for b in args.bindings],
-        ],
-        cwd=tree,
-        env=env,
-        name=f"{name} worker ({tree})",
-    )
+    command = [
+        sys.executable,
+        os.path.abspath(script),
+        "--worker",
+        "--family",
+        args.family,
+        "--batch",
+        str(args.batch),
+        "--inputs",
+        str(args.inputs),
+        "--targets",
+        str(args.targets),
+        *[f"--gin={b}" for b in args.bindings],
+    ]
+    return command, env
+
+
+def _start_worker(tree: str, args: argparse.Namespace, name: str):
+    command, env = worker_command(__file__, tree, args)
+    return _interleave().StepServer(command, cwd=tree, env=env, name=f"{name} worker ({tree})")
 
 
 def extract(revision: str, into: str) -> str:
