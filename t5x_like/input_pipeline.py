@@ -18,13 +18,9 @@ import tensorflow as tf
 
 from t5x_like.data import task_heads, text_files
 from t5x_like.errors import ConfigError
-from t5x_like.models.encoder_decoder import EncoderDecoderModel
 
 if TYPE_CHECKING:
     from t5x_like.models.base import Model
-
-# T5's features by default; another model family passes `model=` with its own converter.
-MODEL_FEATURES = EncoderDecoderModel.FEATURES
 
 
 def resolve_task(name: str) -> seqio.Task | seqio.Mixture:
@@ -308,11 +304,12 @@ def get_dataset(
     seed: int | None,
     num_epochs: int | None,
     pack: bool = True,
-    model=None,
+    *,
+    model: Model,
     shard_info: seqio.ShardInfo | None = None,
 ) -> tf.data.Dataset:
-    """Batches of this process's share of the global batch, with the model's features only
-    (T5's unless `model` brings its own feature converter and feature names). With
+    """Batches of this process's share of the global batch, built by the model's feature
+    converter and holding the features it reads (`Model.FEATURES`) only. With
     `shard_info`, batches of `batch_size` rows of that shard of the data instead (the
     training stream's data shards, `t5x_like.train_data`)."""
     resolve_task(task_name)
@@ -327,11 +324,7 @@ def get_dataset(
     ds = seqio.get_dataset(
         task_name,
         task_feature_lengths=dict(task_feature_lengths),
-        feature_converter=(
-            model.feature_converter(pack)
-            if model is not None
-            else seqio.EncDecFeatureConverter(pack=pack)
-        ),
+        feature_converter=model.feature_converter(pack),
         dataset_split=split,
         shuffle=shuffle,
         num_epochs=num_epochs,
@@ -339,7 +332,7 @@ def get_dataset(
         shard_info=shard_info,
         batch_size=batch_size,
     )
-    features = model.FEATURES if model is not None else MODEL_FEATURES
+    features = model.FEATURES
     return ds.map(
         lambda ex: {k: ex[k] for k in features if k in ex}, num_parallel_calls=tf.data.AUTOTUNE
     ).prefetch(tf.data.AUTOTUNE)

@@ -778,7 +778,7 @@ def load_eval_batches(
     batch_size: int,
     num_batches: int,
     pack: bool,
-    model: Model | None = None,
+    model: Model,
 ) -> list[dict[str, np.ndarray]]:
     """The first `num_batches` validation batches, read once and reused at every evaluation
     (a fixed set, so evaluations are comparable); empty if the task has no validation split."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Iterator, Mapping
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 import jax
 import numpy as np
@@ -29,6 +29,9 @@ import tensorflow as tf
 
 from t5x_like import input_pipeline, storage
 from t5x_like.errors import ConfigError
+
+if TYPE_CHECKING:
+    from t5x_like.models.base import Model
 
 INPUT_STATE_DIR = "input_state"
 
@@ -95,7 +98,7 @@ def _shard_datasets(
     order: DataOrder,
     feature_lengths: Mapping[str, int],
     pack: bool,
-    model,
+    model: Model,
     process_index: int | None,
     process_count: int | None,
 ) -> dict[int, tf.data.Dataset]:
@@ -126,7 +129,7 @@ def host_dataset(
     *,
     start_batch: int = 0,
     pack: bool = True,
-    model=None,
+    model: Model,
     process_index: int | None = None,
     process_count: int | None = None,
 ) -> tf.data.Dataset:
@@ -169,7 +172,7 @@ class HostBatches(Iterator[dict[str, np.ndarray]]):
         *,
         start_batch: int = 0,
         pack: bool = True,
-        model=None,
+        model: Model,
         restore_from: str | None = None,
         process_index: int | None = None,
         process_count: int | None = None,

@@ -18,13 +18,17 @@ import pytest
 
 from t5x_like import logs, train_data
 from t5x_like.errors import ConfigError
+from t5x_like.models.encoder_decoder import EncoderDecoderModel
 from tests.test_train import ROOT, TINY_RUN
 
 LENGTHS = {"inputs": 64, "targets": 16}
+T5 = EncoderDecoderModel()  # its feature converter and features; nothing is initialised
 
 
 def _take(order, n, **kwargs):
-    return list(train_data.host_dataset(order, LENGTHS, **kwargs).take(n).as_numpy_iterator())
+    return list(
+        train_data.host_dataset(order, LENGTHS, model=T5, **kwargs).take(n).as_numpy_iterator()
+    )
 
 
 @pytest.mark.slow  # seven pipelines, ~40 s (the default suite must stay under 15 minutes)
@@ -62,7 +66,7 @@ def test_a_saved_input_position_restores_the_stream_on_any_host_count():
     saved = f"ram://t5x_like_test/{uuid.uuid4().hex}/input_state/3"
     order = train_data.DataOrder("offline_span_corruption", batch_size=4, seed=5, data_shards=2)
     one = dict(process_index=0, process_count=1)
-    stream = train_data.HostBatches(order, LENGTHS, **one)
+    stream = train_data.HostBatches(order, LENGTHS, model=T5, **one)
     for _ in range(3):
         next(stream)
     assert stream.save(saved) is None
@@ -71,7 +75,13 @@ def test_a_saved_input_position_restores_the_stream_on_any_host_count():
 
     hosts = [
         train_data.HostBatches(
-            order, LENGTHS, start_batch=3, restore_from=saved, process_index=p, process_count=2
+            order,
+            LENGTHS,
+            model=T5,
+            start_batch=3,
+            restore_from=saved,
+            process_index=p,
+            process_count=2,
         )
         for p in range(2)
     ]
@@ -83,7 +93,13 @@ def test_a_saved_input_position_restores_the_stream_on_any_host_count():
 
     # Saved at batch 3, asked for batch 4: the saved position is not used.
     skipped = train_data.HostBatches(
-        order, LENGTHS, start_batch=4, restore_from=saved, process_index=1, process_count=2
+        order,
+        LENGTHS,
+        model=T5,
+        start_batch=4,
+        restore_from=saved,
+        process_index=1,
+        process_count=2,
     )
     assert skipped.how_started.startswith("skipped 4 batches"), skipped.how_started
     for key, value in next(skipped).items():
@@ -105,12 +121,18 @@ def test_a_pipeline_that_cannot_be_saved_says_why_and_resumes_by_skipping(tmp_pa
 
     monkeypatch.setattr(train_data, "_shard_datasets", generated)
     order = train_data.DataOrder("generated", batch_size=1, seed=0, data_shards=1)
-    stream = train_data.HostBatches(order, {}, process_index=0, process_count=1)
+    stream = train_data.HostBatches(order, {}, model=T5, process_index=0, process_count=1)
     next(stream), next(stream)
     why_not = stream.save(str(tmp_path / "2"))
     assert why_not.startswith("FailedPreconditionError") and "stateful" in why_not, why_not
     resumed = train_data.HostBatches(
-        order, {}, start_batch=2, restore_from=str(tmp_path / "2"), process_index=0, process_count=1
+        order,
+        {},
+        model=T5,
+        start_batch=2,
+        restore_from=str(tmp_path / "2"),
+        process_index=0,
+        process_count=1,
     )
     assert resumed.how_started.startswith("skipped 2 batches (no saved position"), (
         resumed.how_started

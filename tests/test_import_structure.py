@@ -6,7 +6,8 @@
   user-facing error or check a setting without pulling in gin registration;
 - the library never imports the top-level `tasks` package (which registers tasks and depends on
   the library), except `gin_setup`, the entry points' registration;
-- only entry points import `gin_setup`.
+- only entry points import `gin_setup`;
+- the data pipeline (`input_pipeline`, `train_data`) imports no model family.
 
 The checks are proven to fail on a hand-built graph with a cycle (`test_a_cycle_is_found`).
 """
@@ -145,3 +146,13 @@ def test_only_entry_points_import_gin_setup():
         m for m, deps in graph.items() if m.startswith("t5x_like") and "t5x_like.gin_setup" in deps
     }
     assert importers <= ENTRY_POINTS, importers - ENTRY_POINTS
+
+
+def test_the_data_pipeline_imports_no_model_family():
+    """`input_pipeline` and `train_data` build batches through the model they are given
+    (`Model.feature_converter`, `Model.FEATURES`): they import the contract, never a family,
+    even inside functions."""
+    graph = _graph(module_level_only=False)
+    for module in ("t5x_like.input_pipeline", "t5x_like.train_data"):
+        families = {m for m in graph[module] if m.startswith("t5x_like.models.")}
+        assert families <= {"t5x_like.models.base"}, (module, families)

@@ -12,6 +12,7 @@ import tasks  # noqa: F401  (registers the tasks)
 from t5x_like import input_pipeline
 from t5x_like.data import text_files
 from t5x_like.errors import ConfigError
+from t5x_like.models.encoder_decoder import EncoderDecoderModel
 from tasks import offline
 from tests.tiny_tfds import with_offline_vocabulary
 
@@ -243,7 +244,9 @@ def test_a_json_gz_corpus_resumes_from_its_saved_position(tmp_path, max_chars):
     with_offline_vocabulary("text_corpus_span_corruption", "text_corpus_resume_test")
     order = train_data.DataOrder("text_corpus_resume_test", batch_size=2, seed=1, data_shards=1)
     lengths = {"inputs": 32, "targets": 16}
-    stream = train_data.HostBatches(order, lengths, process_index=0, process_count=1)
+    stream = train_data.HostBatches(
+        order, lengths, model=EncoderDecoderModel(), process_index=0, process_count=1
+    )
     for _ in range(3):
         next(stream)
     assert stream.save(str(tmp_path / "input_state" / "3")) is None
@@ -251,6 +254,7 @@ def test_a_json_gz_corpus_resumes_from_its_saved_position(tmp_path, max_chars):
     resumed = train_data.HostBatches(
         order,
         lengths,
+        model=EncoderDecoderModel(),
         start_batch=3,
         restore_from=str(tmp_path / "input_state" / "3"),
         process_index=0,
