@@ -31,8 +31,8 @@ import numpy as np
 from benchmarks import results_io
 from benchmarks.train_throughput import BENCHMARK_CONFIG
 from t5x_like import decoding
+from t5x_like.families.t5.model import EncoderDecoderModel, unbox
 from t5x_like.gin_setup import load_model_config
-from t5x_like.models.encoder_decoder import EncoderDecoderModel, unbox
 
 NEVER_EMITTED = -1  # an EOS id outside the vocabulary: every sequence runs to full length
 
@@ -71,7 +71,7 @@ def load_hf(params: Any, cfg, threads: int):
     import torch
     import transformers
 
-    from t5x_like.checkpoints import hf_t5
+    from t5x_like.families.t5 import hf as hf_t5
 
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory() as directory:

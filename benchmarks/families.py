@@ -17,10 +17,12 @@ from typing import Any, Callable
 import numpy as np
 
 from t5x_like import optimizers
-from t5x_like.checkpoints import hf_bert, hf_gpt, hf_t5
-from t5x_like.models.bert import BertConfig
-from t5x_like.models.decoder_only import GPTConfig
-from t5x_like.models.t5 import T5Config
+from t5x_like.families.bert import hf as hf_bert
+from t5x_like.families.bert.network import BertConfig
+from t5x_like.families.gpt import hf as hf_gpt
+from t5x_like.families.gpt.model import GPTConfig
+from t5x_like.families.t5 import hf as hf_t5
+from t5x_like.families.t5.network import T5Config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,13 +104,13 @@ def bert_batch(cfg: BertConfig, batch: int, inputs: int, targets: int) -> dict[s
 
 
 def _t5_model(cfg: T5Config, loss_chunk_length: int | None):
-    from t5x_like.models.encoder_decoder import EncoderDecoderModel
+    from t5x_like.families.t5.model import EncoderDecoderModel
 
     return EncoderDecoderModel(cfg, loss_chunk_length=loss_chunk_length)
 
 
 def _decoder_only_model(cfg: GPTConfig, loss_chunk_length: int | None):
-    from t5x_like.models.decoder_only import DecoderOnlyModel
+    from t5x_like.families.gpt.model import DecoderOnlyModel
 
     return DecoderOnlyModel(
         cfg, attention="causal", loss_on_targets_only=False, loss_chunk_length=loss_chunk_length
@@ -116,7 +118,7 @@ def _decoder_only_model(cfg: GPTConfig, loss_chunk_length: int | None):
 
 
 def _bert_model(cfg: BertConfig, loss_chunk_length: int | None):
-    from t5x_like.models.bert_models import BertPretrainingModel
+    from t5x_like.families.bert.model import BertPretrainingModel
 
     if loss_chunk_length:
         raise ValueError("BERT predicts only the masked positions; it has no chunked loss.")

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from benchmarks import results_io, train_throughput
-from t5x_like.models.t5 import T5Config
+from t5x_like.families.t5.network import T5Config
 
 
 def score_flops(cfg: T5Config, inputs: int, targets: int, batch: int) -> float:

@@ -47,10 +47,10 @@ from benchmarks import hf_step, interleave, matmul_probe, op_profile, results_io
 from benchmarks.families import FAMILIES
 from t5x_like import flops, hardware, partitioning, trainer
 from t5x_like.checkpoints import scan_layout
-from t5x_like.checkpoints.hf_t5 import CheckpointError
+from t5x_like.families.t5.hf import CheckpointError
+from t5x_like.families.t5.network import T5Config
 from t5x_like.gin_setup import bind_over, load_model_config
 from t5x_like.models.base import count_params
-from t5x_like.models.t5 import T5Config
 
 BENCHMARK_CONFIG = FAMILIES["t5"].benchmark_config
 PROBE_SIZE = 2048  # the matmul whose best rate is the MFU denominator

@@ -82,7 +82,7 @@ def evaluate_task(
     """The task's metrics (e.g. accuracy, F1, MCC, Pearson/Spearman) on `split`; SQuAD's EM
     and F1 for a span model (`squad_eval`)."""
     if "start_position" in model.FEATURES:
-        from t5x_like import squad_eval
+        from t5x_like.families.bert import squad_eval
 
         return squad_eval.evaluate_task(
             model, params, task_name, split, feature_lengths, batch_size, max_examples

@@ -28,7 +28,8 @@ import sys
 from typing import Callable
 
 from t5x_like import logs
-from t5x_like.checkpoints import hf_families, hf_reference, hf_t5, params_io, scan_layout
+from t5x_like.checkpoints import hf_families, hf_reference, params_io, scan_layout
+from t5x_like.families.t5 import hf as hf_t5
 
 
 def _import(args: argparse.Namespace) -> int:

@@ -41,8 +41,8 @@ from t5x_like import (
 )
 from t5x_like.checkpoints import params_io
 from t5x_like.errors import ConfigError
+from t5x_like.families.t5.model import EncoderDecoderModel, unbox
 from t5x_like.models.base import Model
-from t5x_like.models.encoder_decoder import EncoderDecoderModel, unbox
 
 
 def require_checkpoint(checkpoint: str | None) -> None:

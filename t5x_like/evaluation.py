@@ -18,7 +18,7 @@ import seqio
 
 from t5x_like import decoding, input_pipeline, logs, storage
 from t5x_like.errors import ConfigError
-from t5x_like.models.encoder_decoder import EncoderDecoderModel
+from t5x_like.families.t5.model import EncoderDecoderModel
 
 PredictFn = Callable[[Any, dict[str, np.ndarray]], tuple[np.ndarray, np.ndarray]]
 

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import gin
 
 from t5x_like.config import quote_plain_string
-from t5x_like.models.t5 import T5Config
+from t5x_like.families.t5.network import T5Config
 
 # `include` lines in gin files name files relative to the repository root.
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,16 +32,16 @@ CONFIGURABLE_MODULES = (
     "t5x_like.optimizers",
     "t5x_like.partitioning",
     "t5x_like.preemption",
-    "t5x_like.squad_eval",
+    "t5x_like.families.bert.squad_eval",
     "t5x_like.train",
-    "t5x_like.models.bert_models",
-    "t5x_like.models.encoder_decoder",
-    "t5x_like.models.gpt_finetune",
+    "t5x_like.families.bert.model",
+    "t5x_like.families.t5.model",
+    "t5x_like.families.gpt.finetune",
 )
 MODEL_CONFIG_MODULES = (
-    "t5x_like.models.t5",
-    "t5x_like.models.bert",
-    "t5x_like.models.decoder_only",
+    "t5x_like.families.t5.network",
+    "t5x_like.families.bert.network",
+    "t5x_like.families.gpt.model",
 )
 
 

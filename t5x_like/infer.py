@@ -29,7 +29,7 @@ import numpy as np
 from t5x_like import cli, decoding, evaluation, input_pipeline, logs, storage
 from t5x_like.errors import ConfigError
 from t5x_like.eval import default_output_dir, require_checkpoint, restore_model
-from t5x_like.models.encoder_decoder import EncoderDecoderModel
+from t5x_like.families.t5.model import EncoderDecoderModel
 
 _JSONL_SUFFIXES = (".jsonl", ".json")
 

@@ -8,10 +8,11 @@ these functions call it the same way, with the same arguments, instead of re-imp
 `tests/test_reference_metrics.py` checks every task's postprocessor + metrics against the T5
 library's on the same decoded text.
 
-Predictions arrive already postprocessed (`t5x_like.postprocessors`): a classification output
-that is not a valid label is `INVALID` (-1). Each metric counts it as the T5 library does:
-accuracy and macro-F1 as a wrong answer, binary F1 as the opposite of the true label, and
-`matthews_corrcoef` as a class of its own (scikit-learn's multiclass MCC over {-1, 0, 1}).
+Predictions arrive already postprocessed (`t5x_like.families.t5.postprocessors`): a
+classification output that is not a valid label is `INVALID` (-1). Each metric counts it as
+the T5 library does: accuracy and macro-F1 as a wrong answer, binary F1 as the opposite of the
+true label, and `matthews_corrcoef` as a class of its own (scikit-learn's multiclass MCC over
+{-1, 0, 1}).
 """
 
 from __future__ import annotations

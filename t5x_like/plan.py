@@ -98,7 +98,7 @@ def _with_run_settings(args: argparse.Namespace, run: dict[str, Any]) -> argpars
     """`args` with each setting left unset taken from the run's bindings `run`, else from
     RUN_DEFAULTS. The planner compiles T5's step: a run of another model class is an error."""
     from t5x_like.errors import ConfigError
-    from t5x_like.models.encoder_decoder import EncoderDecoderModel
+    from t5x_like.families.t5.model import EncoderDecoderModel
 
     model_class = run.get("model_class", EncoderDecoderModel)
     if model_class is not EncoderDecoderModel:
@@ -127,9 +127,9 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
     import jax
 
     from t5x_like import optimizers, partitioning, trainer
+    from t5x_like.families.t5.model import EncoderDecoderModel
     from t5x_like.gin_setup import load_model_config
     from t5x_like.models.base import count_params
-    from t5x_like.models.encoder_decoder import EncoderDecoderModel
 
     if jax.device_count() != args.num_devices:
         raise SystemExit(

@@ -53,9 +53,9 @@ from t5x_like import (
     trainer,
 )
 from t5x_like.checkpoints import params_io
+from t5x_like.families.t5.model import EncoderDecoderModel
 from t5x_like.models import base
 from t5x_like.models.base import Model
-from t5x_like.models.encoder_decoder import EncoderDecoderModel
 
 
 def _check_model_dir(model_dir: str | None) -> str:

@@ -40,11 +40,11 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from t5x_like import bert_preprocessors as bp
 from t5x_like import metrics, offline_corpus
 from t5x_like.data import task_heads, text_files
 from t5x_like.data.wordpiece import WordPieceVocabulary
 from t5x_like.errors import ConfigError
+from t5x_like.families.bert import preprocessors as bp
 from tasks import c4, offline
 
 

@@ -23,7 +23,8 @@ from typing import Callable, Mapping, Sequence
 
 import seqio
 
-from t5x_like import metrics, postprocessors, text_to_text
+from t5x_like import metrics
+from t5x_like.families.t5 import postprocessors, text_to_text
 from tasks import c4, pretraining
 
 GLUE_VERSION = "2.*.*"

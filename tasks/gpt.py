@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import seqio
 
-from t5x_like import gpt_preprocessors as gp
 from t5x_like import metrics
 from t5x_like.data import task_heads
+from t5x_like.families.gpt import preprocessors as gp
 from tasks import bert, c4, offline
 
 _HEAD_OF_TRANSFORM = {

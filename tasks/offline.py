@@ -9,7 +9,8 @@ from __future__ import annotations
 import seqio
 import tensorflow as tf
 
-from t5x_like import metrics, offline_corpus, postprocessors
+from t5x_like import metrics, offline_corpus
+from t5x_like.families.t5 import postprocessors
 from tasks import pretraining
 
 

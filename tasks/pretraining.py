@@ -15,7 +15,7 @@ import functools
 
 import seqio
 
-from t5x_like import objectives, preprocessors
+from t5x_like.families.t5 import objectives, preprocessors
 
 CORRUPTION_RATES = (10, 15, 25, 50)
 MEAN_SPAN_LENGTHS = (2, 3, 5, 10)

@@ -19,8 +19,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from t5x_like import distributed, optimizers, partitioning, trainer  # noqa: E402
-from t5x_like.models import t5  # noqa: E402
-from t5x_like.models.encoder_decoder import EncoderDecoderModel, shift_right  # noqa: E402
+from t5x_like.families.t5 import network as t5  # noqa: E402
+from t5x_like.families.t5.model import EncoderDecoderModel, shift_right  # noqa: E402
 
 if int(num_processes) > 1:
     distributed.initialize(

@@ -10,9 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5x_like.models import bert, layers, t5
-from t5x_like.models.decoder_only import DecoderOnlyModel, decoder_mask
-from t5x_like.models.encoder_decoder import EncoderDecoderModel
+from t5x_like.families.bert import network as bert
+from t5x_like.families.gpt.model import DecoderOnlyModel, decoder_mask
+from t5x_like.families.t5 import network as t5
+from t5x_like.families.t5.model import EncoderDecoderModel
+from t5x_like.models import layers
 from tests.test_remat import GPT_CONFIG, T5_CONFIG, _gpt_batch, _init, _loss_and_grads, _t5_batch
 
 HEADS, HEAD_DIM, WIDTH = 3, 8, 24

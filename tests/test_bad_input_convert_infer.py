@@ -172,7 +172,7 @@ def test_a_shard_that_cannot_be_opened_is_named(sharded_checkpoints, tmp_path, c
 def test_sharded_pytorch_bin_checkpoint_imports(sharded_checkpoints):
     """The shards a `pytorch_model.bin.index.json` lists are read (weights-only) as a whole:
     the output layer equals transformers' own lm_head, transposed."""
-    from t5x_like.checkpoints import hf_t5
+    from t5x_like.families.t5 import hf as hf_t5
 
     base, model = sharded_checkpoints
     _, params = hf_t5.load_hf_checkpoint(str(base / "bin"))

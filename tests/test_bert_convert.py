@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 from t5x_like import convert  # noqa: E402
 from t5x_like.checkpoints import params_io  # noqa: E402
-from t5x_like.models.bert import BertConfig  # noqa: E402
+from t5x_like.families.bert.network import BertConfig  # noqa: E402
 
 HF = dict(
     vocab_size=120,
@@ -78,7 +78,7 @@ def test_scanned_layout_runs_the_reference_model_and_exports_back(tmp_path):
     exports back to the same tensors."""
     import dataclasses
 
-    from t5x_like.models.bert_models import BertPretrainingModel
+    from t5x_like.families.bert.model import BertPretrainingModel
 
     reference = _save_reference(tmp_path / "hf")
     assert (

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from t5x_like import bert_data
+from t5x_like.families.bert import pretraining_data as bert_data
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 VOCAB = 5000

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t5x_like import bert_preprocessors as bp
-from t5x_like import metrics, squad_eval, squad_spans
+from t5x_like import metrics
 from t5x_like.data.wordpiece import WordPieceVocabulary
 from t5x_like.errors import ConfigError
+from t5x_like.families.bert import preprocessors as bp
+from t5x_like.families.bert import squad_eval, squad_spans
 from tests.oracle import run_oracle
 
 WORDS = [
@@ -331,7 +332,8 @@ def test_conll_f1_counts_whole_entities():
 def test_head_that_does_not_fit_the_task_is_refused():
     import tasks  # noqa: F401
     from t5x_like import input_pipeline
-    from t5x_like.models import bert, bert_models
+    from t5x_like.families.bert import model as bert_models
+    from t5x_like.families.bert import network as bert
 
     model = bert_models.BertClassifierModel(bert.BertConfig(vocab_size=4096), num_labels=2)
     with pytest.raises(ConfigError, match="3 labels.*num_labels = 3"):

@@ -11,8 +11,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from t5x_like.checkpoints import hf_bert  # noqa: E402
-from t5x_like.models import bert, bert_models  # noqa: E402
+from t5x_like.families.bert import hf as hf_bert  # noqa: E402
+from t5x_like.families.bert import model as bert_models  # noqa: E402
+from t5x_like.families.bert import network as bert  # noqa: E402
 
 HF_CONFIG = dict(
     vocab_size=97,

@@ -9,8 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from t5x_like.checkpoints import hf_bert  # noqa: E402
-from t5x_like.models import base, bert  # noqa: E402
+from t5x_like.families.bert import hf as hf_bert  # noqa: E402
+from t5x_like.families.bert import network as bert  # noqa: E402
+from t5x_like.models import base  # noqa: E402
 
 CONFIGS = {
     "tiny": dict(

@@ -10,9 +10,9 @@ pytest.importorskip("sentence_transformers")
 
 import jax.numpy as jnp  # noqa: E402
 
-from t5x_like.checkpoints import hf_bert  # noqa: E402
 from t5x_like.data.wordpiece import WordPieceVocabulary  # noqa: E402
-from t5x_like.models import bert  # noqa: E402
+from t5x_like.families.bert import hf as hf_bert  # noqa: E402
+from t5x_like.families.bert import network as bert  # noqa: E402
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",

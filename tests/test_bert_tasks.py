@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 import seqio
 
-from t5x_like import bert_features, gin_setup, squad_eval, train
+from t5x_like import gin_setup, train
+from t5x_like.families.bert import features as bert_features
+from t5x_like.families.bert import squad_eval
 from tests.oracle import run_oracle
 from tests.tiny_tfds import build_tiny
 

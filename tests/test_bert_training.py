@@ -15,7 +15,8 @@ import pytest
 import seqio
 
 from t5x_like import gin_setup, logs, optimizers, partitioning, train, trainer
-from t5x_like.models import bert, bert_models
+from t5x_like.families.bert import model as bert_models
+from t5x_like.families.bert import network as bert
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRETRAIN_GIN = [

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from t5x_like import losses
-from t5x_like.models import base, t5
-from t5x_like.models.decoder_only import DecoderOnlyModel, GPTConfig
-from t5x_like.models.encoder_decoder import EncoderDecoderModel, unbox
+from t5x_like.families.gpt.model import DecoderOnlyModel, GPTConfig
+from t5x_like.families.t5 import network as t5
+from t5x_like.families.t5.model import EncoderDecoderModel, unbox
+from t5x_like.models import base
 
 VOCAB = 97
 

@@ -6,8 +6,8 @@ import textwrap
 import pytest
 
 from t5x_like.config import quote_plain_string
+from t5x_like.families.t5.network import T5Config
 from t5x_like.gin_setup import bind_over, load_model_config
-from t5x_like.models.t5 import T5Config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -73,7 +73,7 @@ def test_reading_a_model_config_does_not_import_tensorflow():
     script = textwrap.dedent("""
         import sys
         from t5x_like.gin_setup import bind_over, load_model_config
-        from t5x_like.models.bert import BertConfig
+        from t5x_like.families.bert.network import BertConfig
         cfg = load_model_config(["gin_configs/models/t5_1_1/base.gin"], ["T5Config.emb_dim=64"])
         assert cfg.emb_dim == 64 and cfg.num_heads == 12, cfg
         assert bind_over(BertConfig(), ["BertConfig.num_layers=2"]).num_layers == 2

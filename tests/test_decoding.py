@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from t5x_like import decoding
-from t5x_like.models import t5
-from t5x_like.models.encoder_decoder import EncoderDecoderModel, shift_right
+from t5x_like.families.t5 import network as t5
+from t5x_like.families.t5.model import EncoderDecoderModel, shift_right
 
 PAD, EOS, A, B = 0, 1, 2, 3
 # A bigram language model with hand-set probabilities (rows: previous token, start = PAD).

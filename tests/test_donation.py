@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from t5x_like import optimizers, partitioning, trainer
-from t5x_like.models import t5
-from t5x_like.models.encoder_decoder import EncoderDecoderModel
+from t5x_like.families.t5 import network as t5
+from t5x_like.families.t5.model import EncoderDecoderModel
 from tests.test_chunked_loss import VOCAB, _t5_batch
 
 CONFIG = t5.T5Config(

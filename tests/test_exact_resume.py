@@ -18,7 +18,7 @@ import pytest
 
 from t5x_like import logs, train_data
 from t5x_like.errors import ConfigError
-from t5x_like.models.encoder_decoder import EncoderDecoderModel
+from t5x_like.families.t5.model import EncoderDecoderModel
 from tests.test_train import ROOT, TINY_RUN
 
 LENGTHS = {"inputs": 64, "targets": 16}

@@ -11,8 +11,8 @@ import pytest
 from t5x_like import eval as eval_lib
 from t5x_like import infer, train
 from t5x_like.checkpoints import params_io
-from t5x_like.models import t5
-from t5x_like.models.encoder_decoder import EncoderDecoderModel, unbox
+from t5x_like.families.t5 import network as t5
+from t5x_like.families.t5.model import EncoderDecoderModel, unbox
 
 TINY = [
     "--gin.T5Config.vocab_size=2048",

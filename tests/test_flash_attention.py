@@ -14,9 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5x_like.models import base, layers, t5
+from t5x_like.families.t5 import network as t5
+from t5x_like.families.t5.model import EncoderDecoderModel
+from t5x_like.models import base, layers
 from t5x_like.models import flash_attention as fa
-from t5x_like.models.encoder_decoder import EncoderDecoderModel
 from tests.test_remat import T5_CONFIG, _init, _loss_and_grads
 
 HEADS, HEAD_DIM = 2, 8
@@ -378,7 +379,7 @@ def test_a_bfloat16_t5_step_with_the_kernel_lowers_for_accelerators(
 
 
 def test_flash_is_refused_where_no_structured_mask_is_built():
-    from t5x_like.models import bert
+    from t5x_like.families.bert import network as bert
     from tests.test_remat import GPT_CONFIG
 
     for make in (

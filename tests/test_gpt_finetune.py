@@ -12,11 +12,11 @@ import pytest
 import seqio
 import tensorflow as tf
 
-from t5x_like import gpt_preprocessors as gp
 from t5x_like.errors import ConfigError
+from t5x_like.families.gpt import preprocessors as gp
+from t5x_like.families.gpt.finetune import GPTClassifierModel, language_model_loss
+from t5x_like.families.gpt.model import DecoderOnlyModel, GPTConfig
 from t5x_like.models import base
-from t5x_like.models.decoder_only import DecoderOnlyModel, GPTConfig
-from t5x_like.models.gpt_finetune import GPTClassifierModel, language_model_loss
 from tests.word_vocab import WordVocabulary
 
 VOCAB = WordVocabulary("the cat sat on mat dog ran far".split())
@@ -155,7 +155,7 @@ def test_auxiliary_language_model_loss_enters_with_weight_lambda():
 
 def test_pretrained_lm_grafts_with_three_new_embedding_rows(tmp_path, capsys):
     from t5x_like.checkpoints import params_io
-    from t5x_like.models import t5
+    from t5x_like.families.t5 import network as t5
 
     pretrained_cfg = _without_special_tokens(CONFIG)
     lm = DecoderOnlyModel(pretrained_cfg)

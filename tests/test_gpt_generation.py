@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from t5x_like import decoding
-from t5x_like.models.decoder_only import DecoderOnlyModel, GPTConfig
+from t5x_like.families.gpt.model import DecoderOnlyModel, GPTConfig
 
 GPT_STYLE = GPTConfig(
     vocab_size=50,
@@ -179,7 +179,7 @@ def test_infer_command_continues_prompts_with_a_decoder_only_checkpoint(tmp_path
     import tasks  # noqa: F401  (registers offline_lm)
     from t5x_like import infer
     from t5x_like.checkpoints import params_io
-    from t5x_like.models import t5
+    from t5x_like.families.t5 import network as t5
 
     config = GPTConfig(
         vocab_size=2048,

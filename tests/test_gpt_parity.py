@@ -9,8 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from t5x_like.checkpoints import hf_gpt  # noqa: E402
-from t5x_like.models import base, decoder_only  # noqa: E402
+from t5x_like.families.gpt import hf as hf_gpt  # noqa: E402
+from t5x_like.families.gpt import model as decoder_only  # noqa: E402
+from t5x_like.models import base  # noqa: E402
 
 SIZES = dict(vocab_size=61, n_positions=24, n_embd=32, n_layer=2, n_head=4)
 MODELS = {
@@ -104,7 +105,7 @@ def test_gpt2_residual_projections_start_scaled_down():
     every other weight keeps 0.02 (65k draws per matrix: the estimate is within ~1%)."""
     import jax
 
-    from t5x_like.models import t5
+    from t5x_like.families.t5 import network as t5
 
     cfg = decoder_only.GPTConfig(
         vocab_size=512,
@@ -147,8 +148,8 @@ def test_published_sizes_match_transformers(name, family):
 
 
 def test_t5_style_language_model_refuses_a_transformers_export():
-    from t5x_like.checkpoints import hf_gpt
-    from t5x_like.models.decoder_only import GPTConfig
+    from t5x_like.families.gpt import hf as hf_gpt
+    from t5x_like.families.gpt.model import GPTConfig
 
     with pytest.raises(hf_gpt.CheckpointError, match="no equivalent"):
         hf_gpt.hf_config(

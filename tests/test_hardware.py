@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import pytest
 
 from t5x_like import flops, hardware
-from t5x_like.models.encoder_decoder import EncoderDecoderModel
-from t5x_like.models.t5 import T5Config
+from t5x_like.families.t5.model import EncoderDecoderModel
+from t5x_like.families.t5.network import T5Config
 
 
 def test_train_step_flops_and_mfu_by_hand():

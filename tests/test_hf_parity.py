@@ -15,8 +15,9 @@ transformers = pytest.importorskip("transformers")
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
 from t5x_like import convert  # noqa: E402
-from t5x_like.checkpoints import hf_reference, hf_t5, params_io  # noqa: E402
-from t5x_like.models.encoder_decoder import EncoderDecoderModel, unbox  # noqa: E402
+from t5x_like.checkpoints import hf_reference, params_io  # noqa: E402
+from t5x_like.families.t5 import hf as hf_t5  # noqa: E402
+from t5x_like.families.t5.model import EncoderDecoderModel, unbox  # noqa: E402
 
 VARIANTS = {
     "v1_0_relu_tied": dict(feed_forward_proj="relu", tie_word_embeddings=True),

@@ -6,7 +6,8 @@ tests/test_reference_metrics.py."""
 import numpy as np
 import pytest
 
-from t5x_like import metrics, postprocessors
+from t5x_like import metrics
+from t5x_like.families.t5 import postprocessors
 
 
 def test_postprocessors_read_bytes_as_the_text_seqio_would_pass():

@@ -7,9 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5x_like.models import base, t5
-from t5x_like.models.decoder_only import DecoderOnlyModel, GPTConfig
-from t5x_like.models.encoder_decoder import EncoderDecoderModel, unbox
+from t5x_like.families.gpt.model import DecoderOnlyModel, GPTConfig
+from t5x_like.families.t5 import network as t5
+from t5x_like.families.t5.model import EncoderDecoderModel, unbox
+from t5x_like.models import base
 from tests.test_chunked_loss import VOCAB, _gpt_batch, _t5_batch
 
 # bfloat16 keeps 8 significant bits: one rounding is 2**-8 ~ 0.4 % relative. A few layers of

@@ -20,7 +20,13 @@ import pytest
 from t5x_like import flops
 from t5x_like.checkpoints import params_io
 from t5x_like.errors import CheckpointError, ConfigError
-from t5x_like.models import base, bert, bert_models, decoder_only, encoder_decoder, gpt_finetune, t5
+from t5x_like.families.bert import model as bert_models
+from t5x_like.families.bert import network as bert
+from t5x_like.families.gpt import finetune as gpt_finetune
+from t5x_like.families.gpt import model as decoder_only
+from t5x_like.families.t5 import model as encoder_decoder
+from t5x_like.families.t5 import network as t5
+from t5x_like.models import base
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = [

@@ -10,10 +10,10 @@ import os
 
 import pytest
 
+from t5x_like.families.t5.model import EncoderDecoderModel
 from t5x_like.gin_setup import load_model_config
 from t5x_like.models import base
 from t5x_like.models.base import count_params
-from t5x_like.models.encoder_decoder import EncoderDecoderModel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOMINAL = {
@@ -85,7 +85,7 @@ def test_bert_parameter_count(name):
     import jax
     import jax.numpy as jnp
 
-    from t5x_like.models import bert
+    from t5x_like.families.bert import network as bert
 
     path = os.path.join(ROOT, "gin_configs/models/bert", name + ".gin")
     cfg = load_model_config([path], config_class=bert.BertConfig)

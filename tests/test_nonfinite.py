@@ -13,8 +13,8 @@ import pytest
 
 from t5x_like import logs, partitioning, run_health, train, trainer
 from t5x_like.errors import ConfigError
-from t5x_like.models.encoder_decoder import EncoderDecoderModel
-from t5x_like.models.t5 import T5Config
+from t5x_like.families.t5.model import EncoderDecoderModel
+from t5x_like.families.t5.network import T5Config
 from tests.test_train import TINY_RUN
 
 

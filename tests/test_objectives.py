@@ -6,7 +6,7 @@ import pytest
 import seqio
 import tensorflow as tf
 
-from t5x_like import objectives, preprocessors
+from t5x_like.families.t5 import objectives, preprocessors
 from tests.word_vocab import WordVocabulary
 
 SENTENCE = "Thank you for inviting me to your party last week ."

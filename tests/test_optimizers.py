@@ -59,7 +59,7 @@ def test_attention_kernel_updates_equal_adafactor_on_the_matrix():
 def _bert_params():
     import flax.linen as nn
 
-    from t5x_like.models import bert
+    from t5x_like.families.bert import network as bert
 
     cfg = bert.BertConfig(
         vocab_size=50,

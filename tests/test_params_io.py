@@ -10,7 +10,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from t5x_like.checkpoints import params_io
-from t5x_like.models.t5 import T5Config
+from t5x_like.families.t5.network import T5Config
 
 
 def test_saving_replicated_arrays_on_one_host_compiles_nothing(tmp_path, caplog):

@@ -130,7 +130,7 @@ def test_planner_takes_the_runs_settings_from_its_gin_file(tmp_path):
 
 def test_planner_defaults_and_other_model_classes():
     from t5x_like.errors import ConfigError
-    from t5x_like.models.bert_models import BertPretrainingModel
+    from t5x_like.families.bert.model import BertPretrainingModel
     from t5x_like.plan import RUN_DEFAULTS, _parse_args, _with_run_settings
 
     args = _with_run_settings(_parse_args(["--inputs=64"]), {})

@@ -11,8 +11,9 @@ import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from t5x_like import objectives, preprocessors
-from t5x_like.models import decoder_only, t5
+from t5x_like.families.gpt import model as decoder_only
+from t5x_like.families.t5 import network as t5
+from t5x_like.families.t5 import objectives, preprocessors
 
 SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -42,9 +42,9 @@ import pytest
 import seqio
 import tensorflow as tf
 
-from t5x_like import bert_features
-from t5x_like import bert_preprocessors as bp
 from t5x_like.data.wordpiece import WordPieceVocabulary
+from t5x_like.families.bert import features as bert_features
+from t5x_like.families.bert import preprocessors as bp
 from tests.oracle import run_oracle
 
 Z = 4.0

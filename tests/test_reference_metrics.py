@@ -599,7 +599,7 @@ def _reference_example(task: str, raw: dict) -> dict:
 
 
 def _our_example(task: str, raw: dict) -> dict:
-    """The example as our preprocessors write it (t5x_like.text_to_text), bytes as in a
+    """The example as our preprocessors write it (t5x_like.families.t5.text_to_text), bytes as in a
     numpy example."""
 
     def encode(v):

@@ -14,7 +14,7 @@ import pytest
 import seqio
 
 import tasks  # noqa: F401  (registers the tasks)
-from t5x_like import objectives
+from t5x_like.families.t5 import objectives
 from tasks import c4, pretraining
 from tests.oracle import run_oracle
 from tests.tiny_tfds import build_tiny_c4
@@ -152,7 +152,7 @@ def test_clipped_sentinels_are_an_option():
     """`clip_to_sentinels` (a deviation, off by default) reuses the last sentinel instead."""
     import tensorflow as tf
 
-    from t5x_like import preprocessors
+    from t5x_like.families.t5 import preprocessors
 
     vocabulary = WordVocabulary([f"w{i}" for i in range(20)], extra_ids=3)  # ids 0..25
     tokens = tf.range(3, 13)

@@ -30,8 +30,8 @@ import pytest
 import tensorflow as tf
 from scipy import stats
 
-from t5x_like import bert_data
 from t5x_like.data import wordpiece
+from t5x_like.families.bert import pretraining_data as bert_data
 from tests.oracle import run_oracle
 
 # Hand-added pieces: cased words and letters, accented letters and combining marks, and the

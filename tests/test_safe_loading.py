@@ -14,7 +14,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from t5x_like.checkpoints import hf_bert, hf_gpt, hf_t5  # noqa: E402
+from t5x_like.families.bert import hf as hf_bert  # noqa: E402
+from t5x_like.families.gpt import hf as hf_gpt  # noqa: E402
+from t5x_like.families.t5 import hf as hf_t5  # noqa: E402
 from tests.test_hf_parity import _make_hf_checkpoint  # noqa: E402
 
 

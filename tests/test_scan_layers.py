@@ -11,10 +11,12 @@ import pytest
 
 from t5x_like import decoding
 from t5x_like.checkpoints import scan_layout
-from t5x_like.models import base, bert, t5
-from t5x_like.models.bert_models import BertPretrainingModel
-from t5x_like.models.decoder_only import DecoderOnlyModel, GPTConfig
-from t5x_like.models.encoder_decoder import EncoderDecoderModel, unbox
+from t5x_like.families.bert import network as bert
+from t5x_like.families.bert.model import BertPretrainingModel
+from t5x_like.families.gpt.model import DecoderOnlyModel, GPTConfig
+from t5x_like.families.t5 import network as t5
+from t5x_like.families.t5.model import EncoderDecoderModel, unbox
+from t5x_like.models import base
 from tests.test_chunked_loss import VOCAB, _gpt_batch, _t5_batch
 from tests.test_remat import bert_batch
 
@@ -163,7 +165,7 @@ def test_scanned_decoder_only_beam_search_matches():
 def test_scanned_bert_refuses_the_feature_based_approach():
     """The feature-based tagger reads every layer's output, which a scan does not keep: the
     error says what to set, when the parameters are first shaped (before any compile)."""
-    from t5x_like.models.bert_models import BertTaggerModel
+    from t5x_like.families.bert.model import BertTaggerModel
 
     scanned = dataclasses.replace(BERT_CONFIG, scan_layers=True)
     with pytest.raises(ValueError, match="scan_layers=False"):
@@ -229,7 +231,7 @@ def test_per_layer_language_model_loads_into_a_scanned_classifier(tmp_path):
     """Layout conversion composes with grafting a fresh head and growing the embedding by
     GPT-1's special tokens."""
     from t5x_like.checkpoints import params_io
-    from t5x_like.models.gpt_finetune import GPTClassifierModel
+    from t5x_like.families.gpt.finetune import GPTClassifierModel
 
     lm_params = _init(_model("decoder_only"))
     params_io.save_params(str(tmp_path), lm_params, GPT_CONFIG)

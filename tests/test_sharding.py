@@ -9,8 +9,9 @@ import pytest
 
 from t5x_like import optimizers, partitioning, trainer
 from t5x_like.errors import ConfigError
-from t5x_like.models import base, t5
-from t5x_like.models.encoder_decoder import EncoderDecoderModel, shift_right
+from t5x_like.families.t5 import network as t5
+from t5x_like.families.t5.model import EncoderDecoderModel, shift_right
+from t5x_like.models import base
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
 

@@ -10,7 +10,7 @@ import pytest
 import seqio
 import tensorflow as tf
 
-from t5x_like import preprocessors
+from t5x_like.families.t5 import preprocessors
 from tests.oracle import run_oracle
 
 HELPER_CASES = [

@@ -7,8 +7,9 @@ logits (v1.1, and v2.0 with its null score)."""
 import numpy as np
 import pytest
 
-from t5x_like import bert_preprocessors, squad_spans
 from t5x_like.data.wordpiece import WordPieceVocabulary
+from t5x_like.families.bert import preprocessors as bert_preprocessors
+from t5x_like.families.bert import squad_spans
 from tests.oracle import run_oracle
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -238,7 +239,7 @@ def test_decoding_random_logits_equals_write_predictions(vocab, reference):
 def test_answer_text_equals_write_predictions_inside_words(vocab, reference):
     """Spans that start or end inside a word ("w3." -> "w3", "(w7s)." -> "w7s"): the answer is
     the part of the words the pieces spell, as the reference's get_final_text cuts it."""
-    from t5x_like import squad_eval
+    from t5x_like.families.bert import squad_eval
 
     results = reference["squad"][len(WINDOW_CASES) + len(DECODE_CASES) * len(THRESHOLDS) :]
     cut = 0

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5x_like.models import t5
-from t5x_like.models.encoder_decoder import EncoderDecoderModel, shift_right, unbox
+from t5x_like.families.t5 import network as t5
+from t5x_like.families.t5.model import EncoderDecoderModel, shift_right, unbox
 
 TINY = dict(
     vocab_size=64,

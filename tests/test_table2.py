@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from t5x_like import flops, gin_setup, logs, train  # noqa: F401  (train registers its gin configurable)
-from t5x_like.models import base, t5
-from t5x_like.models.decoder_only import DecoderOnlyModel, GPTConfig
-from t5x_like.models.encoder_decoder import EncoderDecoderModel
+from t5x_like.families.gpt.model import DecoderOnlyModel, GPTConfig
+from t5x_like.families.t5 import network as t5
+from t5x_like.families.t5.model import EncoderDecoderModel
+from t5x_like.models import base
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABLE2 = os.path.join(ROOT, "gin_configs/table2")

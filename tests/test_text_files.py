@@ -12,7 +12,7 @@ import tasks  # noqa: F401  (registers the tasks)
 from t5x_like import input_pipeline
 from t5x_like.data import text_files
 from t5x_like.errors import ConfigError
-from t5x_like.models.encoder_decoder import EncoderDecoderModel
+from t5x_like.families.t5.model import EncoderDecoderModel
 from tasks import offline
 from tests.tiny_tfds import with_offline_vocabulary
 

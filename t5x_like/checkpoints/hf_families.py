@@ -1,6 +1,6 @@
 """Which HuggingFace checkpoints each model family reads and writes.
 
-A family's HuggingFace module (`hf_t5`, `hf_bert`, `hf_gpt`) registers one `HuggingFaceFamily`:
+A family's HuggingFace module (`families/{t5,bert,gpt}/hf.py`) registers one `HuggingFaceFamily`:
 the `model_type`s of config.json it imports, its config class (to export one of our
 checkpoints), and how it loads, verifies against transformers and exports. `convert` looks a
 checkpoint up here, so a new family's conversion is a module of its own, not an edit of
@@ -21,9 +21,9 @@ Params = Any
 UNTYPED_MODEL_TYPE = "t5"
 # The modules that register the built-in families' conversions.
 BUILT_IN = (
-    "t5x_like.checkpoints.hf_t5",
-    "t5x_like.checkpoints.hf_bert",
-    "t5x_like.checkpoints.hf_gpt",
+    "t5x_like.families.t5.hf",
+    "t5x_like.families.bert.hf",
+    "t5x_like.families.gpt.hf",
 )
 
 

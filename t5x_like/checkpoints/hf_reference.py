@@ -11,8 +11,8 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_like.models.encoder_decoder import EncoderDecoderModel
-from t5x_like.models.t5 import T5Config, Transformer
+from t5x_like.families.t5.model import EncoderDecoderModel
+from t5x_like.families.t5.network import T5Config, Transformer
 
 VERIFY_TOLERANCE = 1e-4
 
@@ -101,7 +101,7 @@ def max_abs_bert_differences(
     sequence output and pooled [CLS] for a checkpoint without heads."""
     import torch
 
-    from t5x_like.models import bert
+    from t5x_like.families.bert import network as bert
 
     rng = np.random.default_rng(seed)
     ids = rng.integers(1, config.vocab_size, (2, 12))
@@ -152,7 +152,7 @@ def max_abs_gpt_differences(
     import torch
     import transformers
 
-    from t5x_like.models import decoder_only
+    from t5x_like.families.gpt import model as decoder_only
 
     model = (
         transformers.AutoModelForCausalLM.from_pretrained(checkpoint_dir, local_files_only=True)

@@ -48,7 +48,11 @@ Params = Any
 UNLABELLED_FAMILY = "t5"
 # The modules whose configs register the built-in families; a new family adds its own (or is
 # imported by the user's gin file before a checkpoint of it is read).
-BUILT_IN_FAMILIES = ("t5x_like.models.t5", "t5x_like.models.bert", "t5x_like.models.decoder_only")
+BUILT_IN_FAMILIES = (
+    "t5x_like.families.t5.network",
+    "t5x_like.families.bert.network",
+    "t5x_like.families.gpt.model",
+)
 
 _FAMILIES: dict[str, type[ModelConfig]] = {}
 

@@ -13,7 +13,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from t5x_like.checkpoints import hf_families
-from t5x_like.checkpoints.hf_t5 import (
+from t5x_like.families.bert.network import BertConfig
+from t5x_like.families.t5.hf import (
     CheckpointError,
     TransformPair,
     from_heads,
@@ -21,7 +22,6 @@ from t5x_like.checkpoints.hf_t5 import (
     to_heads,
     transposed,
 )
-from t5x_like.models.bert import BertConfig
 
 Tensor = np.ndarray
 Params = dict[str, Any]
@@ -210,7 +210,7 @@ def params_to_hf(
 # ------------------------------------------------------------------------------ files
 def load_hf_checkpoint(checkpoint_dir: str) -> tuple[BertConfig, Params]:
     """(config, params) from a HuggingFace BERT directory, shapes checked against the config."""
-    from t5x_like.checkpoints.hf_t5 import read_config, read_tensors
+    from t5x_like.families.t5.hf import read_config, read_tensors
 
     cfg = config_from_hf(read_config(checkpoint_dir))
     params = params_from_hf(read_tensors(checkpoint_dir), cfg)
@@ -237,7 +237,7 @@ def expected_params(cfg: BertConfig) -> Params:
     import jax
     import jax.numpy as jnp
 
-    from t5x_like.models.bert import BertForPreTraining
+    from t5x_like.families.bert.network import BertForPreTraining
 
     return nn.meta.unbox(
         jax.eval_shape(

@@ -22,16 +22,18 @@ import jax
 import jax.numpy as jnp
 
 from t5x_like import losses
-from t5x_like.models import base, bert
+from t5x_like.families.bert import network as bert
+from t5x_like.models import base
 
 if TYPE_CHECKING:
-    from t5x_like import bert_features
+    from t5x_like.families.bert import features as bert_features
 
 
 def _features() -> Any:
-    """`t5x_like.bert_features`, imported when a data pipeline asks for a converter: it builds
-    on seqio, which imports TensorFlow (~0.9 GB of host memory) the model itself never needs."""
-    from t5x_like import bert_features
+    """`t5x_like.families.bert.features`, imported when a data pipeline asks for a converter: it
+    builds on seqio, which imports TensorFlow (~0.9 GB of host memory) the model itself never
+    needs."""
+    from t5x_like.families.bert import features as bert_features
 
     return bert_features
 

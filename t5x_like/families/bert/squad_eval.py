@@ -21,8 +21,10 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from t5x_like import bert_preprocessors, metrics, squad_spans
+from t5x_like import metrics
 from t5x_like.data.wordpiece import WordPieceVocabulary
+from t5x_like.families.bert import preprocessors as bert_preprocessors
+from t5x_like.families.bert import squad_spans
 
 
 def best_answers(

@@ -25,8 +25,9 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from t5x_like import bert_data, squad_spans
 from t5x_like.data.wordpiece import WordPieceVocabulary
+from t5x_like.families.bert import pretraining_data as bert_data
+from t5x_like.families.bert import squad_spans
 
 # A sentence ends at . ! or ? (and any closing quote/bracket) followed by whitespace; a
 # newline always ends one. Good enough for prose; the reference read one sentence per line.

@@ -25,11 +25,12 @@ import gin
 import jax
 import jax.numpy as jnp
 
-from t5x_like import bert_features, losses
+from t5x_like import losses
 from t5x_like.errors import ConfigError
+from t5x_like.families.bert import features as bert_features
+from t5x_like.families.bert.model import _example_weights
+from t5x_like.families.gpt.model import DecoderOnly, GPTConfig
 from t5x_like.models import base, layers
-from t5x_like.models.bert_models import _example_weights
-from t5x_like.models.decoder_only import DecoderOnly, GPTConfig
 
 if TYPE_CHECKING:
     from t5x_like.data.task_heads import Head

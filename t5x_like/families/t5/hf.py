@@ -24,7 +24,7 @@ import numpy as np
 from t5x_like import logs
 from t5x_like.checkpoints import hf_families
 from t5x_like.errors import CheckpointError
-from t5x_like.models.t5 import T5Config
+from t5x_like.families.t5.network import T5Config
 
 Tensor = np.ndarray
 Params = dict[str, Any]
@@ -445,7 +445,7 @@ def check_shapes(params: Params, expected: Params, cfg: T5Config) -> None:
 
 def load_hf_checkpoint(checkpoint_dir: str) -> tuple[T5Config, Params]:
     """(config, params) from a HuggingFace T5 directory, shapes checked against the config."""
-    from t5x_like.models.encoder_decoder import EncoderDecoderModel, unbox
+    from t5x_like.families.t5.model import EncoderDecoderModel, unbox
 
     hf_config = read_config(checkpoint_dir)
     cfg = config_from_hf(hf_config)

@@ -20,7 +20,7 @@ from typing import Callable, Mapping, Sequence
 import seqio
 import tensorflow as tf
 
-from t5x_like.bert_preprocessors import truncated_pair_lengths
+from t5x_like.families.bert.preprocessors import truncated_pair_lengths
 
 NUM_SPECIAL_TOKENS = 3
 TRANSFORMS = ("classification", "entailment", "similarity", "choices")
@@ -28,7 +28,7 @@ TRANSFORMS = ("classification", "entailment", "similarity", "choices")
 
 def special_token_ids() -> tuple[int, int, int]:
     """(start, delimiter, extract): the rows after the gin-bound model's vocabulary."""
-    from t5x_like.models.decoder_only import GPTConfig
+    from t5x_like.families.gpt.model import GPTConfig
 
     base = GPTConfig().vocab_size
     return base, base + 1, base + 2

@@ -13,8 +13,8 @@ from typing import Any, Callable
 import numpy as np
 
 from t5x_like.checkpoints import hf_families
-from t5x_like.checkpoints.hf_t5 import CheckpointError
-from t5x_like.models.decoder_only import GPTConfig
+from t5x_like.families.gpt.model import GPTConfig
+from t5x_like.families.t5.hf import CheckpointError
 
 Tensor = np.ndarray
 Params = dict[str, Any]
@@ -221,7 +221,7 @@ def expected_params(cfg: GPTConfig) -> Params:
     import jax
     import jax.numpy as jnp
 
-    from t5x_like.models.decoder_only import DecoderOnly
+    from t5x_like.families.gpt.model import DecoderOnly
 
     return nn.meta.unbox(
         jax.eval_shape(
@@ -235,7 +235,7 @@ def load_hf_checkpoint(checkpoint_dir: str) -> tuple[GPTConfig, Params]:
     checked against what config.json implies."""
     from flax import traverse_util
 
-    from t5x_like.checkpoints.hf_t5 import read_config, read_tensors
+    from t5x_like.families.t5.hf import read_config, read_tensors
 
     cfg = config_from_hf(read_config(checkpoint_dir))
     params = params_from_hf(read_tensors(checkpoint_dir), cfg)

@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_like import decoding, losses
-from t5x_like.models import base, t5
+from t5x_like.families.t5 import network as t5
+from t5x_like.models import base
 
 if TYPE_CHECKING:
     import seqio

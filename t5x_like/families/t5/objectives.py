@@ -40,7 +40,7 @@ import seqio
 import tensorflow as tf
 from scipy import stats
 
-from t5x_like import preprocessors
+from t5x_like.families.t5 import preprocessors
 
 # The reference draws random replacement tokens from [3, vocab_size): past pad (0), EOS (1) and
 # UNK (2), sentinels included.
