@@ -31,8 +31,9 @@ import numpy as np
 from benchmarks import results_io
 from benchmarks.train_throughput import BENCHMARK_CONFIG
 from t5x_like import decoding
-from t5x_like.families.t5.model import EncoderDecoderModel, unbox
+from t5x_like.families.t5.model import EncoderDecoderModel
 from t5x_like.gin_setup import load_model_config
+from t5x_like.models.base import unbox
 
 NEVER_EMITTED = -1  # an EOS id outside the vocabulary: every sequence runs to full length
 

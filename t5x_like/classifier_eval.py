@@ -79,14 +79,12 @@ def evaluate_task(
     batch_size: int,
     max_examples: int | None = None,
 ) -> dict[str, float]:
-    """The task's metrics (e.g. accuracy, F1, MCC, Pearson/Spearman) on `split`; SQuAD's EM
-    and F1 for a span model (`squad_eval`)."""
-    if "start_position" in model.FEATURES:
-        from t5x_like.families.bert import squad_eval
-
-        return squad_eval.evaluate_task(
-            model, params, task_name, split, feature_lengths, batch_size, max_examples
-        )
+    """The task's metrics (e.g. accuracy, F1, MCC, Pearson/Spearman) on `split`, or the
+    model's own evaluation where it has one (`Model.evaluate_task`: SQuAD's EM and F1 for a
+    span model)."""
+    own = model.evaluate_task(params, task_name, split, feature_lengths, batch_size, max_examples)
+    if own is not None:
+        return own
     task = seqio.get_mixture_or_task(task_name)
     predictions, targets = predictions_and_targets(
         model, params, task_name, split, feature_lengths, batch_size, max_examples

@@ -28,12 +28,14 @@ import sys
 from typing import Callable
 
 from t5x_like import logs
-from t5x_like.checkpoints import hf_families, hf_reference, params_io, scan_layout
-from t5x_like.families.t5 import hf as hf_t5
+from t5x_like.checkpoints import hf_families, hf_files, params_io, scan_layout
+from t5x_like.errors import CheckpointError
 
 
 def _import(args: argparse.Namespace) -> int:
-    model_type = hf_t5.read_config(args.from_hf).get("model_type", hf_families.UNTYPED_MODEL_TYPE)
+    model_type = hf_files.read_config(args.from_hf).get(
+        "model_type", hf_families.UNTYPED_MODEL_TYPE
+    )
     family = hf_families.for_model_type(model_type)
     config, params = family.load(args.from_hf)
     logs.log(f"Read {args.from_hf}: {config}")
@@ -42,14 +44,14 @@ def _import(args: argparse.Namespace) -> int:
         for name, value in diffs.items():
             logs.log(f"max_abs_{name}_diff={value:.3e}")
         worst = max(diffs.values())
-        if worst > hf_reference.VERIFY_TOLERANCE:
+        if worst > hf_files.VERIFY_TOLERANCE:
             print(
-                f"error: difference {worst:.3e} exceeds {hf_reference.VERIFY_TOLERANCE:g}; "
+                f"error: difference {worst:.3e} exceeds {hf_files.VERIFY_TOLERANCE:g}; "
                 "no checkpoint written.",
                 file=sys.stderr,
             )
             return 1
-        logs.log(f"verified: within {hf_reference.VERIFY_TOLERANCE:g} of the reference")
+        logs.log(f"verified: within {hf_files.VERIFY_TOLERANCE:g} of the reference")
     if args.layout == "scanned":
         config, params = _relayout(config, params, scanned=True)
     _write(functools.partial(params_io.save_params, args.to, params, config), args.to, params)
@@ -149,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             return _export(args)
         if args.from_ckpt and args.to and args.layout:
             return _restack(args)
-    except hf_t5.CheckpointError as e:
+    except CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     parser.error(

@@ -41,8 +41,8 @@ from t5x_like import (
 )
 from t5x_like.checkpoints import params_io
 from t5x_like.errors import ConfigError
-from t5x_like.families.t5.model import EncoderDecoderModel, unbox
-from t5x_like.models.base import Model
+from t5x_like.models import base
+from t5x_like.models.base import Model, unbox
 
 
 def require_checkpoint(checkpoint: str | None) -> None:
@@ -55,12 +55,13 @@ def require_checkpoint(checkpoint: str | None) -> None:
 
 
 def restore_model(
-    checkpoint: str | None, model_class: Callable[[], Model] = EncoderDecoderModel
+    checkpoint: str | None, model_class: Callable[[], Model] | None = None
 ) -> tuple[Model, Any]:
     """The gin-configured model and the checkpoint's parameters, sharded over all devices by
-    the configured mesh and rules (checked against the checkpoint's config first)."""
+    the configured mesh and rules (checked against the checkpoint's config first). Without a
+    `model_class`, T5's (`base.DEFAULT_MODEL_CLASS`)."""
     require_checkpoint(checkpoint)
-    model = model_class()
+    model = (model_class or base.default_model_class())()
     mesh = partitioning.make_mesh()
     rules = partitioning.logical_axis_rules(num_partitions=partitioning.model_axis_size(mesh))
     boxed = model.abstract_params()
@@ -85,7 +86,7 @@ def evaluate(
     max_examples: int | None = None,
     output_dir: str | None = None,
     tfds_data_dir: str | None = None,
-    model_class: Callable[[], Model] = EncoderDecoderModel,
+    model_class: Callable[[], Model] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Metrics per task; predictions and metrics written under `output_dir`."""
     require_checkpoint(checkpoint)

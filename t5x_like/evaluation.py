@@ -18,7 +18,7 @@ import seqio
 
 from t5x_like import decoding, input_pipeline, logs, storage
 from t5x_like.errors import ConfigError
-from t5x_like.families.t5.model import EncoderDecoderModel
+from t5x_like.models.base import Model
 
 PredictFn = Callable[[Any, dict[str, np.ndarray]], tuple[np.ndarray, np.ndarray]]
 
@@ -39,7 +39,7 @@ class Prediction:
 
 
 def make_predict_fn(
-    model: EncoderDecoderModel, max_decode_length: int, decode: decoding.DecodeConfig | None = None
+    model: Model, max_decode_length: int, decode: decoding.DecodeConfig | None = None
 ) -> PredictFn:
     """A jitted (params, {'inputs': padded input ids}) -> (tokens, scores) for any generating
     model: the ids go in as the model's `PROMPT_FEATURE` (a decoder-only model's prompt) or

@@ -29,7 +29,7 @@ import numpy as np
 from t5x_like import cli, decoding, evaluation, input_pipeline, logs, storage
 from t5x_like.errors import ConfigError
 from t5x_like.eval import default_output_dir, require_checkpoint, restore_model
-from t5x_like.families.t5.model import EncoderDecoderModel
+from t5x_like.models import base
 
 _JSONL_SUFFIXES = (".jsonl", ".json")
 
@@ -172,7 +172,7 @@ def infer(
     task_feature_lengths: Mapping[str, int] = (("inputs", 512), ("targets", 114)),
     batch_size: int = 32,
     max_examples: int | None = None,
-    model_class: Callable[[], Any] = EncoderDecoderModel,
+    model_class: Callable[[], Any] | None = None,
     add_eos: bool = True,
 ) -> list[dict[str, Any]]:
     """Predictions of `model_class` (T5 by default; `@DecoderOnlyModel` continues each input
@@ -188,7 +188,7 @@ def infer(
     if not input_file:
         input_pipeline.check_data_available(task_obj, split)
     vocabulary = task_obj.output_features["targets"].vocabulary
-    model = model_class()
+    model = (model_class or base.default_model_class())()
     prompt_limit = check_decode_fits(model, feature_lengths)
     examples = (
         read_all_inputs(input_file, vocabulary, feature_lengths["inputs"], add_eos, prompt_limit)

@@ -98,10 +98,10 @@ def _with_run_settings(args: argparse.Namespace, run: dict[str, Any]) -> argpars
     """`args` with each setting left unset taken from the run's bindings `run`, else from
     RUN_DEFAULTS. The planner compiles T5's step: a run of another model class is an error."""
     from t5x_like.errors import ConfigError
-    from t5x_like.families.t5.model import EncoderDecoderModel
+    from t5x_like.models import base
 
-    model_class = run.get("model_class", EncoderDecoderModel)
-    if model_class is not EncoderDecoderModel:
+    model_class = run.get("model_class", base.default_model_class())
+    if model_class is not base.default_model_class():
         raise ConfigError(
             f"the run's gin file trains {getattr(model_class, '__name__', model_class)}; the "
             "planner plans T5's encoder-decoder train step only. Give it the model's gin file "
@@ -127,9 +127,8 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
     import jax
 
     from t5x_like import optimizers, partitioning, trainer
-    from t5x_like.families.t5.model import EncoderDecoderModel
     from t5x_like.gin_setup import load_model_config
-    from t5x_like.models.base import count_params
+    from t5x_like.models import base
 
     if jax.device_count() != args.num_devices:
         raise SystemExit(
@@ -139,7 +138,7 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
         )
     cfg = load_model_config(args.gin_file, args.bindings)
     args = _with_run_settings(args, _run_bindings())
-    model = EncoderDecoderModel(cfg)
+    model = base.default_model_class()(cfg)
     lr = optimizers.inverse_sqrt_schedule()
     optimizer = optimizers.make_optimizer(args.optimizer, lr)
     axis_names = tuple(args.mesh_axes.split(","))
@@ -198,7 +197,7 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
     flops = float((cost or {}).get("flops", 0.0))
     return {
         "model": " + ".join(args.gin_file) or "T5Config defaults",
-        "parameters": count_params(state.params),
+        "parameters": base.count_params(state.params),
         "num_devices": args.num_devices,
         "mesh": dict(mesh.shape),
         "layout": args.layout,

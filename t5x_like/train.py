@@ -53,7 +53,6 @@ from t5x_like import (
     trainer,
 )
 from t5x_like.checkpoints import params_io
-from t5x_like.families.t5.model import EncoderDecoderModel
 from t5x_like.models import base
 from t5x_like.models.base import Model
 
@@ -151,7 +150,7 @@ def train(
     metrics_eval_every: int = 0,
     metrics_eval_examples: int | None = None,
     metrics_eval_batch_size: int = 32,
-    model_class: Callable[[], Model] = EncoderDecoderModel,
+    model_class: Callable[[], Model] | None = None,
     optimizer: str = "adafactor",
     peak_learning_rate: float = 1e-4,
     phases: Sequence[tuple[float, Mapping[str, int]]] | None = None,
@@ -178,8 +177,9 @@ def train(
     reproduces the uninterrupted run bit for bit, on any number of hosts that divides
     `data_shards` (default: the process count of the first run).
 
-    Other families: `model_class` builds the model (`@BertPretrainingModel`,
-    `@BertClassifierModel`, ...); `optimizer='adamw'` with `learning_rate_schedule=
+    `model_class` builds the model: T5's encoder-decoder unless bound
+    (`base.DEFAULT_MODEL_CLASS`), or another family's (`@BertPretrainingModel`,
+    `@BertClassifierModel`, ...). `optimizer='adamw'` with `learning_rate_schedule=
     'linear_decay'` is BERT's (peak `peak_learning_rate`, `warmup_steps` linear warm-up, linear
     decay to 0 at `train_steps`). `phases` runs the steps in phases of different lengths, e.g.
     BERT's ((0.9, {'inputs': 128, 'targets': 20}), (1.0, {'inputs': 512, 'targets': 80})): each
@@ -220,7 +220,7 @@ def train(
             warmup_steps = int(train_steps * warmup_proportion)
         phase_plan = _phase_plan(phases, task_feature_lengths, train_steps)
         profile = _profile_window(profile_steps)
-        model = model_class()
+        model = (model_class or base.default_model_class())()
         cfg = model.config
         input_pipeline.check_vocabulary(task_obj, cfg.vocab_size)
         input_pipeline.check_num_labels(task_obj, model)

@@ -28,9 +28,8 @@ from jax.sharding import Mesh
 from t5x_like import optimizers, partitioning, storage
 from t5x_like.checkpoints import params_io
 from t5x_like.errors import CheckpointUnreadable, CheckpointWriteFailed, ConfigError
-from t5x_like.families.t5.model import unbox
 from t5x_like.models import base
-from t5x_like.models.base import Model
+from t5x_like.models.base import Model, unbox
 
 Batch = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]

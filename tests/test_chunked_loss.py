@@ -13,8 +13,9 @@ import pytest
 from t5x_like import losses
 from t5x_like.families.gpt.model import DecoderOnlyModel, GPTConfig
 from t5x_like.families.t5 import network as t5
-from t5x_like.families.t5.model import EncoderDecoderModel, unbox
+from t5x_like.families.t5.model import EncoderDecoderModel
 from t5x_like.models import base
+from t5x_like.models.base import unbox
 
 VOCAB = 97
 

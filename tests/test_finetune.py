@@ -12,7 +12,8 @@ from t5x_like import eval as eval_lib
 from t5x_like import infer, train
 from t5x_like.checkpoints import params_io
 from t5x_like.families.t5 import network as t5
-from t5x_like.families.t5.model import EncoderDecoderModel, unbox
+from t5x_like.families.t5.model import EncoderDecoderModel
+from t5x_like.models.base import unbox
 
 TINY = [
     "--gin.T5Config.vocab_size=2048",

@@ -15,9 +15,10 @@ transformers = pytest.importorskip("transformers")
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
 from t5x_like import convert  # noqa: E402
-from t5x_like.checkpoints import hf_reference, params_io  # noqa: E402
+from t5x_like.checkpoints import params_io  # noqa: E402
 from t5x_like.families.t5 import hf as hf_t5  # noqa: E402
-from t5x_like.families.t5.model import EncoderDecoderModel, unbox  # noqa: E402
+from t5x_like.families.t5.model import EncoderDecoderModel  # noqa: E402
+from t5x_like.models.base import unbox  # noqa: E402
 
 VARIANTS = {
     "v1_0_relu_tied": dict(feed_forward_proj="relu", tie_word_embeddings=True),
@@ -68,10 +69,10 @@ def test_logits_match_reference(hf_checkpoint):
     assert config.num_encoder_layers == 2 and config.num_decoder_layers == 3
     assert config.logits_via_embedding == (variant == "v1_0_relu_tied")
     for seed in range(2):
-        batch = hf_reference.example_batch(
+        batch = hf_t5.example_batch(
             config.vocab_size, batch_size=3, input_len=20, target_len=11, seed=seed
         )
-        diffs = hf_reference.max_abs_differences(hf_model, config, params, batch)
+        diffs = hf_t5.max_abs_differences(hf_model, config, params, batch)
         assert diffs["encoder"] <= 1e-4, diffs
         assert diffs["logit"] <= 1e-4, diffs
 
@@ -82,8 +83,8 @@ def test_verification_detects_a_wrong_parameter(hf_checkpoint):
     params["decoder"]["layers_1"]["mlp"]["wo"]["kernel"] = (
         params["decoder"]["layers_1"]["mlp"]["wo"]["kernel"] * 1.01
     )
-    diffs = hf_reference.max_abs_differences(
-        hf_model, config, params, hf_reference.example_batch(config.vocab_size)
+    diffs = hf_t5.max_abs_differences(
+        hf_model, config, params, hf_t5.example_batch(config.vocab_size)
     )
     assert diffs["logit"] > 1e-4
 

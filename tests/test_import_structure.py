@@ -7,7 +7,11 @@
 - the library never imports the top-level `tasks` package (which registers tasks and depends on
   the library), except `gin_setup`, the entry points' registration;
 - only entry points import `gin_setup`;
-- the data pipeline (`input_pipeline`, `train_data`) imports no model family.
+- the core (every library module outside `t5x_like.families`, except `gin_setup`, which
+  registers the families for gin) imports no model family, even inside a function: it reads a
+  model through `t5x_like.models.base` only, so a new family is a new package, not an edit of
+  the core;
+- a family imports no entry point (train, eval, ...): the entry points drive the families.
 
 The checks are proven to fail on a hand-built graph with a cycle (`test_a_cycle_is_found`).
 """
@@ -148,11 +152,45 @@ def test_only_entry_points_import_gin_setup():
     assert importers <= ENTRY_POINTS, importers - ENTRY_POINTS
 
 
-def test_the_data_pipeline_imports_no_model_family():
-    """`input_pipeline` and `train_data` build batches through the model they are given
-    (`Model.feature_converter`, `Model.FEATURES`): they import the contract, never a family,
-    even inside functions."""
+FAMILIES = "t5x_like.families"
+
+
+def _is_family(module: str) -> bool:
+    return module == FAMILIES or module.startswith(FAMILIES + ".")
+
+
+def family_imports_of_the_core(graph: dict[str, set[str]]) -> list[str]:
+    """`core module -> family module` for every import of a family by the core."""
+    return sorted(
+        f"{m} -> {d}"
+        for m, deps in graph.items()
+        if m.startswith("t5x_like") and not _is_family(m) and m != "t5x_like.gin_setup"
+        for d in deps
+        if _is_family(d)
+    )
+
+
+def test_the_core_imports_no_family():
+    assert family_imports_of_the_core(_graph(module_level_only=False)) == []
+
+
+def test_a_family_import_of_the_core_is_found():
+    graph = {
+        "t5x_like.trainer": {"t5x_like.families.t5.model"},
+        "t5x_like.gin_setup": {"t5x_like.families.t5.network"},
+        "t5x_like.families.bert.model": {"t5x_like.models.base"},
+    }
+    assert family_imports_of_the_core(graph) == ["t5x_like.trainer -> t5x_like.families.t5.model"]
+
+
+def test_every_family_is_a_package_of_its_own():
+    packages = {m.split(".")[2] for m in _modules() if _is_family(m) and m != FAMILIES}
+    assert packages == {"t5", "bert", "gpt"}
+
+
+def test_no_family_imports_an_entry_point():
     graph = _graph(module_level_only=False)
-    for module in ("t5x_like.input_pipeline", "t5x_like.train_data"):
-        families = {m for m in graph[module] if m.startswith("t5x_like.models.")}
-        assert families <= {"t5x_like.models.base"}, (module, families)
+    offenders = sorted(
+        f"{m} -> {d}" for m, deps in graph.items() if _is_family(m) for d in deps & ENTRY_POINTS
+    )
+    assert offenders == []

@@ -9,8 +9,9 @@ import pytest
 
 from t5x_like.families.gpt.model import DecoderOnlyModel, GPTConfig
 from t5x_like.families.t5 import network as t5
-from t5x_like.families.t5.model import EncoderDecoderModel, unbox
+from t5x_like.families.t5.model import EncoderDecoderModel
 from t5x_like.models import base
+from t5x_like.models.base import unbox
 from tests.test_chunked_loss import VOCAB, _gpt_batch, _t5_batch
 
 # bfloat16 keeps 8 significant bits: one rounding is 2**-8 ~ 0.4 % relative. A few layers of

@@ -13,8 +13,9 @@ from t5x_like.families.bert import network as bert
 from t5x_like.families.bert.model import BertPretrainingModel
 from t5x_like.families.gpt.model import DecoderOnlyModel, GPTConfig
 from t5x_like.families.t5 import network as t5
-from t5x_like.families.t5.model import EncoderDecoderModel, unbox
+from t5x_like.families.t5.model import EncoderDecoderModel
 from t5x_like.models import base, layers
+from t5x_like.models.base import unbox
 from tests.test_chunked_loss import VOCAB, _gpt_batch, _t5_batch
 
 T5_CONFIG = t5.T5Config(

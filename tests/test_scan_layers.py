@@ -15,8 +15,9 @@ from t5x_like.families.bert import network as bert
 from t5x_like.families.bert.model import BertPretrainingModel
 from t5x_like.families.gpt.model import DecoderOnlyModel, GPTConfig
 from t5x_like.families.t5 import network as t5
-from t5x_like.families.t5.model import EncoderDecoderModel, unbox
+from t5x_like.families.t5.model import EncoderDecoderModel
 from t5x_like.models import base
+from t5x_like.models.base import unbox
 from tests.test_chunked_loss import VOCAB, _gpt_batch, _t5_batch
 from tests.test_remat import bert_batch
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from t5x_like.families.t5 import network as t5
-from t5x_like.families.t5.model import EncoderDecoderModel, shift_right, unbox
+from t5x_like.families.t5.model import EncoderDecoderModel, shift_right
+from t5x_like.models.base import unbox
 
 TINY = dict(
     vocab_size=64,

@@ -53,6 +53,9 @@ BUILT_IN_FAMILIES = (
     "t5x_like.families.bert.network",
     "t5x_like.families.gpt.model",
 )
+# The model the entry points build when a run binds no `model_class` (as in t5x, T5's
+# encoder-decoder), named so that the core imports no family to default to it.
+DEFAULT_MODEL_CLASS = "t5x_like.families.t5.model.EncoderDecoderModel"
 
 _FAMILIES: dict[str, type[ModelConfig]] = {}
 
@@ -116,6 +119,17 @@ def config_from_json(data: Mapping[str, Any]) -> ModelConfig:
     return known[family].from_json(data)
 
 
+def default_model_class() -> type[Model]:
+    """The model class of a run that binds none (`DEFAULT_MODEL_CLASS`)."""
+    module, _, name = DEFAULT_MODEL_CLASS.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def unbox(params: Params) -> Params:
+    """Plain arrays from a tree of logically-partitioned boxes."""
+    return nn.meta.unbox(params)
+
+
 def count_params(params: Params) -> int:
     """Number of scalars in a (possibly boxed or abstract) parameter tree."""
     leaves = jax.tree_util.tree_leaves(nn.meta.unbox(params))
@@ -175,6 +189,21 @@ class Model:
     def predict(self, params: Params, batch: Batch) -> Any:
         """A head's prediction per example (label index, regression value or tag per token)."""
         raise NotImplementedError(f"{type(self).__name__} does not predict labels")
+
+    def evaluate_task(
+        self,
+        params: Params,
+        task_name: str,
+        split: str,
+        feature_lengths: Mapping[str, int],
+        batch_size: int,
+        max_examples: int | None = None,
+    ) -> dict[str, float] | None:
+        """The task's metrics on `split`, for a head whose score needs more than one
+        prediction per example (SQuAD's answer combines the spans of a question's windows);
+        None, the default, leaves it to `classifier_eval`, which compares each example's
+        `predict` with its label."""
+        return None
 
     def check_task_head(self, task_name: str, head: Head) -> None:
         """Refuse a task whose head (`data.task_heads`) this model cannot train: by default the

@@ -2,7 +2,7 @@
 <-> our parameters.
 
 Every HF tensor maps to one of our parameters through a reversible transform, so the same table
-imports and exports. Reading is `hf_t5.read_tensors` (safetensors, or a weights-only `.bin`: no
+imports and exports. Reading is `hf_files.read_tensors` (safetensors, or a weights-only `.bin`: no
 code runs); unknown, missing or mis-shaped tensors are errors that name the tensor.
 """
 
@@ -10,18 +10,22 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
+import jax.numpy as jnp
 import numpy as np
 
-from t5x_like.checkpoints import hf_families
-from t5x_like.families.bert.network import BertConfig
-from t5x_like.families.t5.hf import (
-    CheckpointError,
+from t5x_like.checkpoints import hf_families, hf_files
+from t5x_like.checkpoints.hf_files import (
     TransformPair,
     from_heads,
+    read_config,
+    read_tensors,
     same,
     to_heads,
     transposed,
 )
+from t5x_like.errors import CheckpointError
+from t5x_like.families.bert import network as bert
+from t5x_like.families.bert.network import BertConfig
 
 Tensor = np.ndarray
 Params = dict[str, Any]
@@ -210,8 +214,6 @@ def params_to_hf(
 # ------------------------------------------------------------------------------ files
 def load_hf_checkpoint(checkpoint_dir: str) -> tuple[BertConfig, Params]:
     """(config, params) from a HuggingFace BERT directory, shapes checked against the config."""
-    from t5x_like.families.t5.hf import read_config, read_tensors
-
     cfg = config_from_hf(read_config(checkpoint_dir))
     params = params_from_hf(read_tensors(checkpoint_dir), cfg)
     expected = expected_params(cfg)
@@ -317,13 +319,68 @@ def save_hf_checkpoint(
 
 
 # ------------------------------------------------------------------------- registration
+# ------------------------------------------------------------------------------ reference
+def load_hf_bert(checkpoint_dir: str, has_heads: bool):
+    """transformers' BertForPreTraining (or BertModel for a checkpoint without heads)."""
+    hf_files.require_torch()
+    import transformers
+
+    cls = transformers.BertForPreTraining if has_heads else transformers.BertModel
+    return cls.from_pretrained(checkpoint_dir, local_files_only=True).float().eval()
+
+
+def max_abs_bert_differences(
+    hf_model: Any, config: Any, params: Any, seed: int = 0
+) -> dict[str, float]:
+    """Largest |ours - reference| of the MLM logits (real positions) and NSP logits, or of the
+    sequence output and pooled [CLS] for a checkpoint without heads."""
+    import torch
+
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1, config.vocab_size, (2, 12))
+    ids[0, -3:] = 0
+    segments = np.zeros_like(ids)
+    segments[:, 6:] = 1
+    mask = (ids != 0).astype(np.int64)
+    with torch.no_grad():
+        ref = hf_model(
+            input_ids=torch.tensor(ids),
+            token_type_ids=torch.tensor(segments),
+            attention_mask=torch.tensor(mask),
+        )
+    real = mask.astype(bool)
+    if "mlm" in params:
+        out = bert.BertForPreTraining(config).apply(
+            {"params": params}, jnp.asarray(ids), jnp.asarray(segments), jnp.asarray(mask)
+        )
+        return {
+            "logit": float(
+                np.max(
+                    np.abs(
+                        np.asarray(out["mlm_logits"])[real] - ref.prediction_logits.numpy()[real]
+                    )
+                )
+            ),
+            "nsp": float(
+                np.max(np.abs(np.asarray(out["nsp_logits"]) - ref.seq_relationship_logits.numpy()))
+            ),
+        }
+    sequence, pooled = bert.BertEncoder(config).apply(
+        {"params": params["encoder"]}, jnp.asarray(ids), jnp.asarray(segments), jnp.asarray(mask)
+    )
+    return {
+        "logit": float(
+            np.max(np.abs(np.asarray(sequence)[real] - ref.last_hidden_state.numpy()[real]))
+        ),
+        "pooled": float(np.max(np.abs(np.asarray(pooled) - ref.pooler_output.numpy()))),
+    }
+
+
 def verify(checkpoint_dir: str, cfg: BertConfig, params: Params) -> dict[str, float]:
     """Our model and transformers' (with the pretraining heads when the checkpoint has them)
     on the same batch: the largest differences."""
-    from t5x_like.checkpoints import hf_reference
-
-    model = hf_reference.load_hf_bert(checkpoint_dir, has_heads="mlm" in params)
-    return hf_reference.max_abs_bert_differences(model, cfg, params)
+    model = load_hf_bert(checkpoint_dir, has_heads="mlm" in params)
+    return max_abs_bert_differences(model, cfg, params)
 
 
 def export(

@@ -280,6 +280,22 @@ class BertSpanModel(_ExampleLossModel):
         """(start_logits, end_logits) for `squad_spans.best_spans`."""
         return self.apply(params, batch)
 
+    def evaluate_task(
+        self,
+        params: Params,
+        task_name: str,
+        split: str,
+        feature_lengths: Mapping[str, int],
+        batch_size: int,
+        max_examples: int | None = None,
+    ) -> dict[str, float]:
+        """SQuAD's EM and F1 of the answers the windows' spans combine into (`squad_eval`)."""
+        from t5x_like.families.bert import squad_eval
+
+        return squad_eval.evaluate_task(
+            self, params, task_name, split, feature_lengths, batch_size, max_examples
+        )
+
 
 @gin.configurable
 class BertTaggerModel(_BertWrapper):

@@ -12,9 +12,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from t5x_like.checkpoints import hf_families
-from t5x_like.families.gpt.model import GPTConfig
-from t5x_like.families.t5.hf import CheckpointError
+from t5x_like.checkpoints import hf_families, hf_files
+from t5x_like.checkpoints.hf_files import read_config, read_tensors
+from t5x_like.errors import CheckpointError
+from t5x_like.families.gpt.model import DecoderOnly, GPTConfig
 
 Tensor = np.ndarray
 Params = dict[str, Any]
@@ -235,8 +236,6 @@ def load_hf_checkpoint(checkpoint_dir: str) -> tuple[GPTConfig, Params]:
     checked against what config.json implies."""
     from flax import traverse_util
 
-    from t5x_like.families.t5.hf import read_config, read_tensors
-
     cfg = config_from_hf(read_config(checkpoint_dir))
     params = params_from_hf(read_tensors(checkpoint_dir), cfg)
     got = traverse_util.flatten_dict(params, sep="/")
@@ -268,11 +267,31 @@ def save_hf_checkpoint(directory: str, params: Params, cfg: GPTConfig) -> None:
 
 
 # ------------------------------------------------------------------------- registration
+# ------------------------------------------------------------------------------ reference
+def max_abs_gpt_differences(
+    checkpoint_dir: str, config: Any, params: Any, seed: int = 0
+) -> dict[str, float]:
+    """Largest |ours - reference| of the next-token logits of transformers' OpenAI GPT / GPT-2
+    LM-head model on a random batch."""
+    hf_files.require_torch()
+    import torch
+    import transformers
+
+    model = (
+        transformers.AutoModelForCausalLM.from_pretrained(checkpoint_dir, local_files_only=True)
+        .float()
+        .eval()
+    )
+    ids = np.random.default_rng(seed).integers(0, config.vocab_size, (2, 12))
+    with torch.no_grad():
+        ref = model(torch.tensor(ids)).logits.numpy()
+    ours = DecoderOnly(config).apply({"params": params}, ids)
+    return {"logit": float(np.max(np.abs(np.asarray(ours) - ref)))}
+
+
 def verify(checkpoint_dir: str, cfg: GPTConfig, params: Params) -> dict[str, float]:
     """Our model and transformers' on the same batch: the largest differences."""
-    from t5x_like.checkpoints import hf_reference
-
-    return hf_reference.max_abs_gpt_differences(checkpoint_dir, cfg, params)
+    return max_abs_gpt_differences(checkpoint_dir, cfg, params)
 
 
 def export(

@@ -16,15 +16,24 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 from typing import Any, Callable, Iterator
 
+import jax.numpy as jnp
 import numpy as np
 
-from t5x_like import logs
-from t5x_like.checkpoints import hf_families
+from t5x_like.checkpoints import hf_families, hf_files
+from t5x_like.checkpoints.hf_files import (
+    TransformPair,
+    from_heads,
+    read_config,
+    read_tensors,
+    same,
+    to_heads,
+    transposed,
+)
 from t5x_like.errors import CheckpointError
-from t5x_like.families.t5.network import T5Config
+from t5x_like.families.t5.model import EncoderDecoderModel
+from t5x_like.families.t5.network import T5Config, Transformer
 
 Tensor = np.ndarray
 Params = dict[str, Any]
@@ -74,31 +83,6 @@ def config_from_hf(hf_config: dict[str, Any]) -> T5Config:
 
 
 # ------------------------------------------------------------------------------ name map
-# Each parameter's transform is a pair (HF -> ours, ours -> HF), so one table serves import
-# and export (hf_bert uses the same pairs).
-Transform = Callable[[Tensor], Tensor]
-TransformPair = tuple[Transform, Transform]
-
-
-def same() -> TransformPair:
-    return (lambda w: w), (lambda w: w)
-
-
-def transposed() -> TransformPair:
-    """torch Linear weight [out, in] <-> our kernel [in, out]."""
-    return (lambda w: w.T), (lambda w: w.T)
-
-
-def to_heads(heads: tuple[int, int]) -> TransformPair:
-    """torch Linear weight [out=heads*d_head, in] <-> our kernel [in, heads, d_head]."""
-    return (lambda w: w.T.reshape(-1, *heads)), (lambda k: k.reshape(k.shape[0], -1).T)
-
-
-def from_heads(heads: tuple[int, int]) -> TransformPair:
-    """torch Linear weight [out, in=heads*d_head] <-> our kernel [heads, d_head, out]."""
-    return (lambda w: w.T.reshape(*heads, -1)), (lambda k: k.reshape(-1, k.shape[-1]).T)
-
-
 def name_map(cfg: T5Config) -> Iterator[tuple[str, tuple[str, ...], TransformPair]]:
     """(HF tensor name, our parameter path, transform pair) for every parameter, our layers
     in the per-layer layout."""
@@ -166,212 +150,6 @@ def name_map(cfg: T5Config) -> Iterator[tuple[str, tuple[str, ...], TransformPai
 
 # Copies of `shared.weight` that some writers store; accepted only when equal to it.
 _TIED_ALIASES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
-
-
-# ------------------------------------------------------------------------------ reading
-def _read_json(path: str, what: str) -> dict[str, Any]:
-    """A JSON object from `path`; unreadable, not JSON or not an object is a CheckpointError
-    naming the file (and the line and column of a syntax error)."""
-    try:
-        with open(path, "rb") as f:
-            value = json.loads(f.read().decode("utf-8"))
-    except CheckpointError:
-        raise
-    except OSError as e:
-        raise CheckpointError(f"{path} cannot be read ({e.strerror or e}); {what}") from None
-    except UnicodeDecodeError as e:
-        raise CheckpointError(
-            f"{path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); {what}"
-        ) from None
-    except json.JSONDecodeError as e:
-        raise CheckpointError(
-            f"{path}:{e.lineno}: not valid JSON ({e.msg} at column {e.colno}); {what}"
-        ) from None
-    if not isinstance(value, dict):
-        raise CheckpointError(f"{path} holds a JSON {type(value).__name__}, not an object; {what}")
-    return value
-
-
-def shard_files(checkpoint_dir: str, index_name: str) -> list[str]:
-    """The shard file names a sharded checkpoint's index (`model.safetensors.index.json` or
-    `pytorch_model.bin.index.json`) lists, every one checked to be present before any is
-    read: a partial download is named, not a traceback halfway through the tensors."""
-    index_path = os.path.join(checkpoint_dir, index_name)
-    redo = (
-        "re-download or re-save the checkpoint (transformers' save_pretrained writes it "
-        "with its shards)."
-    )
-    weight_map = _read_json(index_path, redo).get("weight_map")
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise CheckpointError(
-            f"{index_path} has no 'weight_map' of tensor names to shard files; {redo}"
-        )
-    files = sorted(set(map(str, weight_map.values())))
-    missing = [n for n in files if not os.path.isfile(os.path.join(checkpoint_dir, n))]
-    if missing:
-        raise CheckpointError(
-            f"{index_path} lists {len(files)} shard(s), but {len(missing)} are not in "
-            f"{checkpoint_dir}: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}. "
-            "The download is incomplete: fetch the missing file(s) again (e.g. "
-            "`huggingface-cli download REPO --local-dir DIR`)."
-        )
-    return files
-
-
-def read_safetensors(checkpoint_dir: str) -> dict[str, Tensor]:
-    """All tensors of a (possibly sharded) safetensors checkpoint, as float32 numpy arrays."""
-    from safetensors import safe_open  # local import: only conversion needs it
-
-    index_name = "model.safetensors.index.json"
-    if os.path.exists(os.path.join(checkpoint_dir, index_name)):
-        files = shard_files(checkpoint_dir, index_name)
-    elif os.path.exists(os.path.join(checkpoint_dir, "model.safetensors")):
-        files = ["model.safetensors"]
-    else:
-        raise CheckpointError(
-            f"No model.safetensors, model.safetensors.index.json or "
-            f"pytorch_model.bin in {checkpoint_dir}; a HuggingFace "
-            "checkpoint directory holds config.json and its weights."
-        )
-    paths = [os.path.join(checkpoint_dir, name) for name in files]
-    total_bytes = sum(map(_safetensors_data_bytes, paths))  # every shard checked before any read
-    tensors: dict[str, Tensor] = {}
-    with _read_progress(total_bytes) as bar:
-        for path in paths:
-            try:
-                # framework="flax" reads bfloat16 too, which plain numpy cannot represent.
-                with safe_open(path, framework="flax") as f:
-                    for key in f.keys():
-                        stored = f.get_tensor(key)
-                        tensors[key] = np.asarray(stored, dtype=np.float32)
-                        bar.update(stored.nbytes)
-            except Exception as e:  # noqa: BLE001 - SafetensorError, OSError: truncated
-                raise CheckpointError(
-                    f"{path} is not a readable safetensors file "
-                    f"({str(e).splitlines()[0][:200]}); it may be truncated: fetch it again."
-                ) from None
-    return tensors
-
-
-# safetensors' own limit on the JSON header (its MAX_HEADER_SIZE): a larger length is damage.
-_MAX_SAFETENSORS_HEADER = 100_000_000
-
-
-def _safetensors_data_bytes(path: str) -> int:
-    """The bytes of tensor data a safetensors file's header promises (the format: an 8-byte
-    little-endian header length, a JSON header of `data_offsets`, then the data), checked
-    against the file's size, so a cut-off download is named before any shard is read and a bar
-    over the data ends at exactly 100%."""
-    unreadable = (
-        f"{path} is not a readable safetensors file ({{}}); it may be truncated: fetch it again."
-    )
-    try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            prefix = f.read(8)
-            header_bytes = int.from_bytes(prefix, "little")
-            if len(prefix) < 8 or 8 + header_bytes > size or header_bytes > _MAX_SAFETENSORS_HEADER:
-                raise CheckpointError(
-                    unreadable.format(f"{size} bytes; its header length says {header_bytes}")
-                )
-            header = json.loads(f.read(header_bytes))
-        data = max(
-            (
-                int(entry["data_offsets"][1])
-                for name, entry in header.items()
-                if name != "__metadata__"
-            ),
-            default=0,
-        )
-    except CheckpointError:
-        raise
-    except OSError as e:
-        raise CheckpointError(
-            f"{path} cannot be read ({e.strerror or e}); check the file and "
-            "its permissions, or fetch it again."
-        ) from None
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError):
-        raise CheckpointError(unreadable.format("its header is not safetensors JSON")) from None
-    if 8 + header_bytes + data > size:
-        raise CheckpointError(
-            unreadable.format(
-                f"it holds {size - 8 - header_bytes} of the {data} bytes of tensor data its "
-                "header lists"
-            )
-        )
-    return data
-
-
-def _read_progress(total_bytes: int):
-    """The bar a conversion's read shows: bytes read of the checkpoint, with rate and ETA (an
-    11B model is 45 GB; its read is where a conversion spends its time)."""
-    return logs.progress(
-        desc="convert read", total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024
-    )
-
-
-def _torch_load(path: str) -> dict[str, Tensor]:
-    """One PyTorch file's tensors through torch's weights-only unpickler."""
-    import torch
-
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:  # the weights-only unpickler met something else
-        raise CheckpointError(
-            f"{path} was not loaded: it holds more than tensors (torch's weights-only "
-            f"loader refused it: {str(e).splitlines()[0][:200]}), and unpickling such a file "
-            "could run code. Use a safetensors copy of the checkpoint."
-        ) from None
-    except Exception as e:  # noqa: BLE001 - RuntimeError, EOFError, ...: not a whole file
-        raise CheckpointError(
-            f"{path} is not a readable PyTorch file ({str(e).splitlines()[0][:200]}); it may "
-            "be truncated: fetch it again, or use a safetensors copy of the checkpoint."
-        ) from None
-    return {k: v.float().numpy() for k, v in state.items()}
-
-
-def read_tensors(checkpoint_dir: str) -> dict[str, Tensor]:
-    """A checkpoint's tensors: safetensors, or else a PyTorch `pytorch_model.bin` (or the
-    shards its `pytorch_model.bin.index.json` lists) read with torch's weights-only
-    unpickler, which builds tensors and plain containers and refuses anything else, so
-    nothing in the file can run code."""
-    bin_index = "pytorch_model.bin.index.json"
-    bin_path = os.path.join(checkpoint_dir, "pytorch_model.bin")
-    has_safetensors = any(n.startswith("model.safetensors") for n in os.listdir(checkpoint_dir))
-    has_bin_index = os.path.exists(os.path.join(checkpoint_dir, bin_index))
-    if has_safetensors or not (os.path.exists(bin_path) or has_bin_index):
-        return read_safetensors(checkpoint_dir)
-    files = shard_files(checkpoint_dir, bin_index) if has_bin_index else ["pytorch_model.bin"]
-    try:
-        import torch  # noqa: F401
-    except ImportError as e:
-        raise CheckpointError(
-            f"{bin_path} is a PyTorch pickle file; reading it safely needs "
-            "torch (pip install torch==2.13.0), or convert it to safetensors "
-            "with transformers' save_pretrained(...)."
-        ) from e
-    paths = [os.path.join(checkpoint_dir, name) for name in files]
-    tensors: dict[str, Tensor] = {}
-    with _read_progress(sum(map(os.path.getsize, paths))) as bar:
-        for path in paths:  # torch reads a file whole, so the bar moves a file at a time
-            tensors.update(_torch_load(path))
-            bar.update(os.path.getsize(path))
-    return tensors
-
-
-def read_config(checkpoint_dir: str) -> dict[str, Any]:
-    """The checkpoint's config.json as a dictionary; a missing, unreadable or malformed file
-    is a CheckpointError naming it."""
-    path = os.path.join(checkpoint_dir, "config.json")
-    if not os.path.exists(path):
-        raise CheckpointError(
-            f"No config.json in {checkpoint_dir}; a HuggingFace checkpoint "
-            "directory holds config.json and model.safetensors."
-        )
-    return _read_json(
-        path,
-        "it should be the config.json transformers' save_pretrained writes: fetch or re-save it.",
-    )
 
 
 def params_from_hf(tensors: dict[str, Tensor], cfg: T5Config) -> Params:
@@ -445,7 +223,7 @@ def check_shapes(params: Params, expected: Params, cfg: T5Config) -> None:
 
 def load_hf_checkpoint(checkpoint_dir: str) -> tuple[T5Config, Params]:
     """(config, params) from a HuggingFace T5 directory, shapes checked against the config."""
-    from t5x_like.families.t5.model import EncoderDecoderModel, unbox
+    from t5x_like.models.base import unbox
 
     hf_config = read_config(checkpoint_dir)
     cfg = config_from_hf(hf_config)
@@ -524,15 +302,67 @@ def save_hf_checkpoint(directory: str, params: Params, cfg: T5Config) -> None:
 
 
 # ------------------------------------------------------------------------- registration
+# ------------------------------------------------------------------------------ reference
+def load_hf_model(checkpoint_dir: str):
+    """transformers' own T5ForConditionalGeneration, read from local files only."""
+    hf_files.require_torch()
+    from transformers import T5ForConditionalGeneration
+
+    model = T5ForConditionalGeneration.from_pretrained(
+        checkpoint_dir, local_files_only=True, use_safetensors=True
+    )
+    return model.float().eval()
+
+
+def example_batch(
+    vocab_size: int, batch_size: int = 2, input_len: int = 12, target_len: int = 9, seed: int = 0
+) -> dict[str, np.ndarray]:
+    """Random tokens (ids 2..vocab-1) with trailing padding on the encoder side of row 0."""
+    rng = np.random.default_rng(seed)
+    inputs = rng.integers(2, vocab_size, (batch_size, input_len)).astype(np.int32)
+    inputs[0, input_len - 3 :] = 0
+    targets = rng.integers(2, vocab_size, (batch_size, target_len)).astype(np.int32)
+    decoder_inputs = np.concatenate([np.zeros((batch_size, 1), np.int32), targets[:, :-1]], axis=1)
+    return {
+        "encoder_input_tokens": inputs,
+        "decoder_input_tokens": decoder_inputs,
+        "decoder_target_tokens": targets,
+    }
+
+
+def max_abs_differences(
+    hf_model: Any, config: T5Config, params: Any, batch: dict[str, np.ndarray]
+) -> dict[str, float]:
+    """Largest |ours - reference| of the encoder output (real positions) and decoder logits."""
+    import torch
+
+    inputs = batch["encoder_input_tokens"]
+    attention_mask = (inputs > 0).astype(np.int64)
+    with torch.no_grad():
+        out = hf_model(
+            input_ids=torch.tensor(inputs, dtype=torch.long),
+            attention_mask=torch.tensor(attention_mask),
+            decoder_input_ids=torch.tensor(batch["decoder_input_tokens"], dtype=torch.long),
+        )
+    ref_encoded = out.encoder_last_hidden_state.numpy()
+    ref_logits = out.logits.numpy()
+
+    model = EncoderDecoderModel(config)
+    encoded = np.asarray(
+        model.module.apply({"params": params}, jnp.asarray(inputs), method=Transformer.encode)
+    )
+    logits = np.asarray(model.logits(params, {k: jnp.asarray(v) for k, v in batch.items()}))
+    real = attention_mask.astype(bool)
+    return {
+        "encoder": float(np.max(np.abs(encoded[real] - ref_encoded[real]))),
+        "logit": float(np.max(np.abs(logits - ref_logits))),
+    }
+
+
 def verify(checkpoint_dir: str, cfg: T5Config, params: Params) -> dict[str, float]:
     """Our model and transformers' on the same batch: the largest differences."""
-    from t5x_like.checkpoints import hf_reference
-
-    return hf_reference.max_abs_differences(
-        hf_reference.load_hf_model(checkpoint_dir),
-        cfg,
-        params,
-        hf_reference.example_batch(cfg.vocab_size),
+    return max_abs_differences(
+        load_hf_model(checkpoint_dir), cfg, params, example_batch(cfg.vocab_size)
     )
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any, Mapping
 
-import flax.linen as nn
 import gin
 import jax
 import jax.numpy as jnp
@@ -268,8 +267,3 @@ def shift_right(targets: np.ndarray | Array, start_token_id: int = 0) -> Array:
     targets = jnp.asarray(targets)
     start = jnp.full(targets.shape[:-1] + (1,), start_token_id, targets.dtype)
     return jnp.concatenate([start, targets[..., :-1]], axis=-1)
-
-
-def unbox(params: Params) -> Params:
-    """Plain arrays from a tree of logically-partitioned boxes."""
-    return nn.meta.unbox(params)
