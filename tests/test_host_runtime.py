@@ -116,7 +116,9 @@ def test_freed_blocks_over_2_gib_are_kept_too():
 STEP_ONLY = """
 import sys
 from t5x_like import trainer, optimizers, partitioning, storage
-from t5x_like.models import encoder_decoder, decoder_only, bert_models
+from t5x_like.families.t5 import model as encoder_decoder
+from t5x_like.families.gpt import model as decoder_only
+from t5x_like.families.bert import model as bert_models
 print(sorted(m for m in ('tensorflow', 'seqio', 'tensorflow_datasets') if m in sys.modules))
 storage.exists('.')  # the first file access brings TensorFlow in (gfile serves gs:// too)
 print('tensorflow' in sys.modules)

@@ -50,9 +50,13 @@ def register(family: HuggingFaceFamily) -> HuggingFaceFamily:
 
 
 def registered() -> list[HuggingFaceFamily]:
+    """Every registered family: the built-in ones first, in `BUILT_IN`'s order (so messages
+    list them the same way whichever a process imported first), then the others in the order
+    they registered."""
     for module in BUILT_IN:
         importlib.import_module(module)
-    return list(_REGISTERED)
+    order = {module: i for i, module in enumerate(BUILT_IN)}
+    return sorted(_REGISTERED, key=lambda f: order.get(f.load.__module__, len(BUILT_IN)))
 
 
 def supported_model_types() -> list[str]:
