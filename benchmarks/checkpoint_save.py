@@ -1,4 +1,4 @@
-"""Checkpoint save time on one data-parallel host: the trainer's Checkpointer with t5x_like's
+"""Checkpoint save time on one data-parallel host: the train-state Checkpointer with t5x_like's
 array handler against orbax's default (replica-parallel) handler.
 
     python -m benchmarks.checkpoint_save [--devices 8] [--saves 3]
@@ -45,6 +45,7 @@ def measure(variant: str, saves: int) -> dict[str, Any]:
 
     from benchmarks.families import FAMILIES
     from t5x_like import optimizers, partitioning, trainer
+    from t5x_like.checkpoints import train_state
 
     family = FAMILIES["t5"]
     cfg = family.benchmark_config
@@ -55,7 +56,7 @@ def measure(variant: str, saves: int) -> dict[str, Any]:
         model, optimizer, mesh, partitioning.logical_axis_rules("data_parallel")
     )
     state = trainer.init_state(model, optimizer, jax.random.key(0), layout)
-    checkpointer = trainer.Checkpointer(tempfile.mkdtemp(), keep=None)
+    checkpointer = train_state.Checkpointer(tempfile.mkdtemp(), keep=None)
     if variant == "orbax_default":  # undo t5x_like's registration: orbax's own handler
         ocp.type_handlers.register_type_handler(
             jax.Array, ocp.type_handlers.ArrayHandler(), override=True

@@ -333,7 +333,7 @@ class _OrbaxThreadTracebacks:
     (absl's "_SignalingThread.run() raised an exception", "Save Finalize thread ... failed",
     each with its traceback) and that asyncio logs again as "exception was never retrieved".
     A failure that stops a save is re-raised in the main thread at orbax's next wait, where the
-    trainer names the cause in one line (`trainer.Checkpointer`); a full disk printed ~500
+    trainer names the cause in one line (`train_state.Checkpointer`); a full disk printed ~500
     lines of these above it. An absl record keeps its first line (the low-level cause, with
     the file), without the traceback. asyncio's copies are dropped: they repeat the writers'
     failures, and they are logged when the futures are collected, which can be after the

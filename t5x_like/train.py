@@ -18,7 +18,6 @@ if __name__ == "__main__":  # `python -m t5x_like.train`: run it under that name
 
 import dataclasses
 import itertools
-import json
 import os
 import shutil
 import sys
@@ -52,7 +51,8 @@ from t5x_like import (
     train_data,
     trainer,
 )
-from t5x_like.checkpoints import params_io
+from t5x_like.checkpoints import input_state, params_io, train_state
+from t5x_like.checkpoints.best import BestCheckpoints
 from t5x_like.models import base
 from t5x_like.models.base import Model
 
@@ -72,7 +72,7 @@ def _check_model_dir(model_dir: str | None) -> str:
     return model_dir
 
 
-def _check_resume_config(checkpointer: trainer.Checkpointer, cfg) -> None:
+def _check_resume_config(checkpointer: train_state.Checkpointer, cfg) -> None:
     saved, current = checkpointer.restore_config().to_json(), cfg.to_json()
     diffs = [
         f"{k}: checkpoint {v!r} vs config {current.get(k)!r}"
@@ -241,7 +241,7 @@ def train(
         tx = optimizers.make_optimizer(optimizer, lr_fn, model.frozen_modules)
         layout = trainer.make_layout(model, tx, mesh, rules)  # abstract: cheap
         abstract = trainer.abstract_state(model, tx, layout)
-        checkpointer = trainer.Checkpointer(model_dir, keep_checkpoints)
+        checkpointer = train_state.Checkpointer(model_dir, keep_checkpoints)
         start_step = checkpointer.latest_step() or 0
         resuming = (
             f"Resuming from step {start_step}, the newest complete checkpoint."
@@ -317,7 +317,7 @@ def train(
                 start_batch=step - first,
                 pack=pack,
                 model=model,
-                restore_from=train_data.input_state_dir(model_dir, step) if step > first else None,
+                restore_from=input_state.input_state_dir(model_dir, step) if step > first else None,
             )
             if step > first:
                 _log(
@@ -387,7 +387,7 @@ def train(
             )
             kept = checkpointer.steps()
             if kept and jax.process_index() == 0:
-                train_data.remove_input_states_before(model_dir, min(kept))
+                input_state.remove_input_states_before(model_dir, min(kept))
 
         def _save_input_position(step: int) -> None:
             """Save the input pipeline beside the checkpoint of `step`, if it stands at that step
@@ -395,7 +395,7 @@ def train(
             stream = input_position.stream
             if stream.position != step - input_position.first:
                 return
-            why_not = stream.save(train_data.input_state_dir(model_dir, step))
+            why_not = stream.save(input_state.input_state_dir(model_dir, step))
             if why_not and not input_position.warned:
                 input_position.warned = True
                 _log(
@@ -576,37 +576,6 @@ def _evaluate_tasks(
     }
 
 
-class BestCheckpoints:
-    """The best parameters per task (by the first metric the task reports, higher is better),
-    as the paper reports the best validation checkpoint of each task."""
-
-    def __init__(self, directory: str) -> None:
-        self.directory = directory
-        self.best: dict[str, dict] = {}
-        record = os.path.join(directory, "best.json")
-        if storage.exists(record):
-            self.best = json.loads(storage.read_text(record))
-
-    def update(
-        self, step: int, params, cfg, task_metrics: Mapping[str, Mapping[str, float]]
-    ) -> None:
-        changed = False
-        for name, values in task_metrics.items():
-            if not values:
-                continue
-            key, value = next(iter(values.items()))
-            if name in self.best and self.best[name]["value"] >= value:
-                continue
-            # One step kept per task: orbax drops the previous best once the new one is written.
-            params_io.save_params(os.path.join(self.directory, name), params, cfg, step, keep=1)
-            self.best[name] = {"step": step, "metric": key, "value": value, "metrics": dict(values)}
-            changed = True
-        if changed and jax.process_index() == 0:
-            storage.write_text(
-                os.path.join(self.directory, "best.json"), json.dumps(self.best, indent=2)
-            )
-
-
 def _log(message: str) -> None:
     """A line above the progress bar, flushed at once (stdout may be a file or a pipe); in a
     multi-process run each line says which process wrote it."""
@@ -681,7 +650,7 @@ def _stop_on_nonfinite(
     values: Mapping[str, np.ndarray],
     state: trainer.TrainState,
     save: Callable[[trainer.TrainState], None],
-    checkpointer: trainer.Checkpointer,
+    checkpointer: train_state.Checkpointer,
 ) -> None:
     """Policy 'stop': `state` is the last good one (the step kept it); save it unless that
     step is already saved (or is step 0), then stop with the reason."""

@@ -33,8 +33,6 @@ from t5x_like.errors import ConfigError
 if TYPE_CHECKING:
     from t5x_like.models.base import Model
 
-INPUT_STATE_DIR = "input_state"
-
 
 @dataclasses.dataclass(frozen=True)
 class DataOrder:
@@ -139,20 +137,6 @@ def host_dataset(
     )
     ds = shards[0] if len(shards) == 1 else tf.data.Dataset.zip(tuple(shards)).map(_concat_rows)
     return ds.skip(start_batch) if start_batch else ds
-
-
-def input_state_dir(model_dir: str, step: int) -> str:
-    """Where the input pipeline's position at checkpoint `step` is saved."""
-    return os.path.join(model_dir, INPUT_STATE_DIR, str(step))
-
-
-def remove_input_states_before(model_dir: str, step: int) -> None:
-    """Drop the saved positions of steps before `step` (the oldest checkpoint kept)."""
-    root = os.path.join(model_dir, INPUT_STATE_DIR)
-    for name in storage.listdir(root):
-        name = name.rstrip("/")
-        if name.isdigit() and int(name) < step:
-            storage.remove_tree(os.path.join(root, name))
 
 
 class HostBatches(Iterator[dict[str, np.ndarray]]):

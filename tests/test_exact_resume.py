@@ -17,6 +17,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from t5x_like import logs, train_data
+from t5x_like.checkpoints import input_state
 from t5x_like.errors import ConfigError
 from t5x_like.families.t5.model import EncoderDecoderModel
 from tests.test_train import ROOT, TINY_RUN
@@ -142,10 +143,10 @@ def test_a_pipeline_that_cannot_be_saved_says_why_and_resumes_by_skipping(tmp_pa
 
 def test_saved_input_positions_are_pruned_with_the_checkpoints(tmp_path):
     for step in (2, 4, 6):
-        os.makedirs(train_data.input_state_dir(str(tmp_path), step))
-    os.makedirs(tmp_path / train_data.INPUT_STATE_DIR / "notes")
-    train_data.remove_input_states_before(str(tmp_path), 4)
-    assert sorted(os.listdir(tmp_path / train_data.INPUT_STATE_DIR)) == ["4", "6", "notes"]
+        os.makedirs(input_state.input_state_dir(str(tmp_path), step))
+    os.makedirs(tmp_path / input_state.INPUT_STATE_DIR / "notes")
+    input_state.remove_input_states_before(str(tmp_path), 4)
+    assert sorted(os.listdir(tmp_path / input_state.INPUT_STATE_DIR)) == ["4", "6", "notes"]
 
 
 def test_data_shards_are_checked_before_any_work():

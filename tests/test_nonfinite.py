@@ -12,6 +12,7 @@ import optax
 import pytest
 
 from t5x_like import logs, partitioning, run_health, train, trainer
+from t5x_like.checkpoints import train_state
 from t5x_like.errors import ConfigError
 from t5x_like.families.t5.model import EncoderDecoderModel
 from t5x_like.families.t5.network import T5Config
@@ -126,7 +127,7 @@ def test_skip_policy_drops_the_update_counts_it_and_goes_on(tmp_path, capsys):
     assert "step       3  non-finite loss nan, grad_norm nan: update skipped" in out
     losses = [line for line in logs.unstamped(out) if line.startswith("step") and "  loss " in line]
     assert len(losses) == 3 and "nan" not in " ".join(losses)
-    record = trainer.Checkpointer(str(tmp_path / "run"), None).restore_record(6)
+    record = train_state.Checkpointer(str(tmp_path / "run"), None).restore_record(6)
     assert record["nonfinite_steps"] == 1
 
 

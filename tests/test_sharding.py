@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from t5x_like import optimizers, partitioning, trainer
+from t5x_like.checkpoints import train_state
 from t5x_like.errors import ConfigError
 from t5x_like.families.t5 import network as t5
 from t5x_like.families.t5.model import EncoderDecoderModel, shift_right
@@ -189,7 +190,7 @@ def test_checkpoint_restores_across_meshes(tmp_path, reference):
     model = EncoderDecoderModel(CONFIG)
     optimizer = optimizers.t5_adafactor(optimizers.inverse_sqrt_schedule(10))
     source = tmp_path / "hop0"
-    saver = trainer.Checkpointer(str(source), keep=2)
+    saver = train_state.Checkpointer(str(source), keep=2)
     saver.save(state, CONFIG)
     saver.close()
     hops = [
@@ -202,7 +203,7 @@ def test_checkpoint_restores_across_meshes(tmp_path, reference):
         target = trainer.make_layout(
             model, optimizer, mesh, partitioning.logical_axis_rules(layout_name)
         )
-        restored = trainer.Checkpointer(str(source), keep=2).restore(
+        restored = train_state.Checkpointer(str(source), keep=2).restore(
             trainer.abstract_state(model, optimizer, target)
         )
         assert int(restored.step) == 1
@@ -215,7 +216,7 @@ def test_checkpoint_restores_across_meshes(tmp_path, reference):
             if got.ndim:
                 assert got.sharding.is_equivalent_to(sharding, got.ndim)
         source = tmp_path / f"hop{i}"  # save from this mesh for the next hop
-        saver = trainer.Checkpointer(str(source), keep=2)
+        saver = train_state.Checkpointer(str(source), keep=2)
         saver.save(restored, CONFIG)
         saver.close()
 
