@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import gin
 import jax
@@ -214,10 +214,16 @@ def _factored_moments(g: jax.Array, small: int, large: int, as_dots: bool):
 
 
 SCHEDULES = ("inverse_sqrt", "constant", "linear_decay", "cosine")
+# A run names a schedule or an optimizer by string (`train.learning_rate_schedule='cosine'`,
+# `train.optimizer='adamw'`) or binds a callable that builds one (`train.optimizer=
+# @my_optimizer`, a gin configurable): a schedule factory gets the run's total steps, an
+# optimizer factory the learning-rate schedule. A new one needs no edit of `train`.
+ScheduleFactory = Callable[[int], optax.Schedule]
+OptimizerFactory = Callable[[optax.Schedule], optax.GradientTransformation]
 
 
 def learning_rate_schedule(
-    name: str = "inverse_sqrt",
+    name: str | ScheduleFactory = "inverse_sqrt",
     warmup_steps: int = 10_000,
     scale: float = 1.0,
     constant: float = 0.001,
@@ -227,7 +233,10 @@ def learning_rate_schedule(
     """T5's two schedules, pretraining's 1/sqrt(max(step, k)) and fine-tuning's constant 0.001
     (section 3.1.2), BERT's (and GPT-1 fine-tuning's) linear warm-up to `peak` then linear
     decay to 0 at `total_steps` ('linear_decay'), and GPT-1 pretraining's linear warm-up then
-    cosine annealing to 0 ('cosine')."""
+    cosine annealing to 0 ('cosine'). A callable `name` is a schedule factory: it is given
+    `total_steps` and its other settings come from gin."""
+    if callable(name):
+        return name(total_steps)
     if name == "inverse_sqrt":
         return inverse_sqrt_schedule(warmup_steps, scale)
     if name == "constant":
@@ -246,20 +255,33 @@ def learning_rate_schedule(
 OPTIMIZERS = ("adafactor", "adamw")
 
 
-def make_optimizer(
-    name: str, learning_rate: optax.Schedule, frozen_modules: Sequence[str] = ()
-) -> optax.GradientTransformation:
-    """T5's Adafactor or BERT's AdamW (settings from gin: `bert_adamw.weight_decay`, ...).
-    Top-level modules named in `frozen_modules` get no update at all (no weight decay either,
-    and no optimizer state): BERT's feature-based approach."""
-    if name == "adafactor":
-        tx = t5_adafactor(learning_rate)
-    elif name == "adamw":
-        tx = bert_adamw(learning_rate)
-    else:
+def optimizer_factory(name: str | OptimizerFactory) -> OptimizerFactory:
+    """The factory a run's `optimizer` setting names: T5's Adafactor ('adafactor'), BERT's
+    AdamW ('adamw', settings from gin: `bert_adamw.weight_decay`, ...), or the callable
+    itself."""
+    if callable(name):
+        return name
+    named: dict[str, OptimizerFactory] = {"adafactor": t5_adafactor, "adamw": bert_adamw}
+    if name not in named:
         from t5x_like.errors import ConfigError
 
-        raise ConfigError(f"train.optimizer={name!r}; choose one of {OPTIMIZERS}.")
+        raise ConfigError(
+            f"train.optimizer={name!r}; choose one of {OPTIMIZERS}, or bind a callable that "
+            "builds an optax optimizer from the learning-rate schedule "
+            "(--gin.train.optimizer=@my_optimizer)."
+        )
+    return named[name]
+
+
+def make_optimizer(
+    name: str | OptimizerFactory,
+    learning_rate: optax.Schedule,
+    frozen_modules: Sequence[str] = (),
+) -> optax.GradientTransformation:
+    """The run's optimizer (`optimizer_factory`) on `learning_rate`. Top-level modules named
+    in `frozen_modules` get no update at all (no weight decay either, and no optimizer state):
+    BERT's feature-based approach."""
+    tx = optimizer_factory(name)(learning_rate)
     if not frozen_modules:
         return tx
 

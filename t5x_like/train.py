@@ -145,13 +145,13 @@ def train(
     num_microbatches: int = 1,
     num_predictions: int = 4,
     init_checkpoint: str | None = None,
-    learning_rate_schedule: str = "inverse_sqrt",
+    learning_rate_schedule: str | optimizers.ScheduleFactory = "inverse_sqrt",
     constant_learning_rate: float = 0.001,
     metrics_eval_every: int = 0,
     metrics_eval_examples: int | None = None,
     metrics_eval_batch_size: int = 32,
     model_class: Callable[[], Model] | None = None,
-    optimizer: str = "adafactor",
+    optimizer: str | optimizers.OptimizerFactory = "adafactor",
     peak_learning_rate: float = 1e-4,
     phases: Sequence[tuple[float, Mapping[str, int]]] | None = None,
     train_epochs: float | None = None,
@@ -181,7 +181,10 @@ def train(
     (`base.DEFAULT_MODEL_CLASS`), or another family's (`@BertPretrainingModel`,
     `@BertClassifierModel`, ...). `optimizer='adamw'` with `learning_rate_schedule=
     'linear_decay'` is BERT's (peak `peak_learning_rate`, `warmup_steps` linear warm-up, linear
-    decay to 0 at `train_steps`). `phases` runs the steps in phases of different lengths, e.g.
+    decay to 0 at `train_steps`). Both settings also take a callable gin builds
+    (`--gin.train.optimizer=@my_optimizer`: it gets the schedule;
+    `learning_rate_schedule=@my_schedule`: it gets `train_steps`), so a new optimizer or
+    schedule needs no edit here. `phases` runs the steps in phases of different lengths, e.g.
     BERT's ((0.9, {'inputs': 128, 'targets': 20}), (1.0, {'inputs': 512, 'targets': 80})): each
     pair is (fraction of train_steps where the phase ends, task_feature_lengths); a resumed run
     continues in the phase its step falls in, with the same parameters and optimizer state.
