@@ -20,7 +20,7 @@ from t5x_like import optimizers
 from t5x_like.families.bert import hf as hf_bert
 from t5x_like.families.bert.network import BertConfig
 from t5x_like.families.gpt import hf as hf_gpt
-from t5x_like.families.gpt.model import GPTConfig
+from t5x_like.families.gpt.network import GPTConfig
 from t5x_like.families.t5 import hf as hf_t5
 from t5x_like.families.t5.network import T5Config
 

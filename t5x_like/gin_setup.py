@@ -36,12 +36,13 @@ CONFIGURABLE_MODULES = (
     "t5x_like.train",
     "t5x_like.families.bert.model",
     "t5x_like.families.t5.model",
+    "t5x_like.families.gpt.model",
     "t5x_like.families.gpt.finetune",
 )
 MODEL_CONFIG_MODULES = (
     "t5x_like.families.t5.network",
     "t5x_like.families.bert.network",
-    "t5x_like.families.gpt.model",
+    "t5x_like.families.gpt.network",
 )
 
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from t5x_like.families.bert import network as bert
-from t5x_like.families.gpt.model import DecoderOnlyModel, decoder_mask
+from t5x_like.families.gpt.model import DecoderOnlyModel
+from t5x_like.families.gpt.network import decoder_mask
 from t5x_like.families.t5 import network as t5
 from t5x_like.families.t5.model import EncoderDecoderModel
 from t5x_like.models import layers

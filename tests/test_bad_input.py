@@ -12,7 +12,8 @@ import pytest
 
 from t5x_like import train
 from t5x_like.checkpoints import params_io
-from t5x_like.families.gpt.model import DecoderOnlyModel, GPTConfig
+from t5x_like.families.gpt.model import DecoderOnlyModel
+from t5x_like.families.gpt.network import GPTConfig
 from tests.test_train import TINY_RUN
 from tests.tiny_tfds import with_offline_vocabulary
 

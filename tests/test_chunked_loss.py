@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from t5x_like import losses
-from t5x_like.families.gpt.model import DecoderOnlyModel, GPTConfig
+from t5x_like.families.gpt.model import DecoderOnlyModel
+from t5x_like.families.gpt.network import GPTConfig
 from t5x_like.families.t5 import network as t5
 from t5x_like.families.t5.model import EncoderDecoderModel
 from t5x_like.models import base

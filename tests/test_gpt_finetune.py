@@ -15,7 +15,8 @@ import tensorflow as tf
 from t5x_like.errors import ConfigError
 from t5x_like.families.gpt import preprocessors as gp
 from t5x_like.families.gpt.finetune import GPTClassifierModel, language_model_loss
-from t5x_like.families.gpt.model import DecoderOnlyModel, GPTConfig
+from t5x_like.families.gpt.model import DecoderOnlyModel
+from t5x_like.families.gpt.network import GPTConfig
 from t5x_like.models import base
 from tests.word_vocab import WordVocabulary
 

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from t5x_like import decoding
-from t5x_like.families.gpt.model import DecoderOnlyModel, GPTConfig
+from t5x_like.families.gpt.model import DecoderOnlyModel
+from t5x_like.families.gpt.network import GPTConfig
 
 GPT_STYLE = GPTConfig(
     vocab_size=50,

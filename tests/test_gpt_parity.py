@@ -11,6 +11,7 @@ transformers = pytest.importorskip("transformers")
 
 from t5x_like.families.gpt import hf as hf_gpt  # noqa: E402
 from t5x_like.families.gpt import model as decoder_only  # noqa: E402
+from t5x_like.families.gpt import network as gpt_network  # noqa: E402
 from t5x_like.models import base  # noqa: E402
 
 SIZES = dict(vocab_size=61, n_positions=24, n_embd=32, n_layer=2, n_head=4)
@@ -42,7 +43,7 @@ def test_logits_match_transformers_and_export_back(family):
     ids = np.random.default_rng(0).integers(0, SIZES["vocab_size"], (3, 17))
     with torch.no_grad():
         ref = model(torch.tensor(ids)).logits.numpy()
-    ours = decoder_only.DecoderOnly(cfg).apply({"params": params}, jnp.asarray(ids))
+    ours = gpt_network.DecoderOnly(cfg).apply({"params": params}, jnp.asarray(ids))
     np.testing.assert_allclose(np.asarray(ours), ref, atol=1e-4, rtol=1e-4)
     exported = hf_gpt.params_to_hf(params, cfg)
     assert sorted(exported) == sorted(tensors)
@@ -56,7 +57,7 @@ def test_prefix_lm_mask_on_a_packed_row():
     tokens = jnp.array([[5, 6, 7, 8, 9, 10, 11, 0]])
     segments = jnp.array([[1, 1, 1, 1, 2, 2, 2, 0]])
     prefix = jnp.array([[1, 1, 0, 0, 1, 0, 0, 0]])
-    mask = np.asarray(decoder_only.decoder_mask(tokens, segments, prefix))[0, 0].astype(int)
+    mask = np.asarray(gpt_network.decoder_mask(tokens, segments, prefix))[0, 0].astype(int)
     want = np.array(
         [
             # keys: 0 1 2 3 4 5 6 7
@@ -107,7 +108,7 @@ def test_gpt2_residual_projections_start_scaled_down():
 
     from t5x_like.families.t5 import network as t5
 
-    cfg = decoder_only.GPTConfig(
+    cfg = gpt_network.GPTConfig(
         vocab_size=512,
         max_position_embeddings=64,
         hidden_size=256,
@@ -138,7 +139,7 @@ def test_published_sizes_match_transformers(name, family):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cfg = load_model_config(
         [os.path.join(root, f"gin_configs/models/gpt/{name}.gin")],
-        config_class=decoder_only.GPTConfig,
+        config_class=gpt_network.GPTConfig,
     )
     ours = base.count_params(decoder_only.DecoderOnlyModel(cfg).abstract_params())
     config_cls, model_cls = MODELS[family]
@@ -149,7 +150,7 @@ def test_published_sizes_match_transformers(name, family):
 
 def test_t5_style_language_model_refuses_a_transformers_export():
     from t5x_like.families.gpt import hf as hf_gpt
-    from t5x_like.families.gpt.model import GPTConfig
+    from t5x_like.families.gpt.network import GPTConfig
 
     with pytest.raises(hf_gpt.CheckpointError, match="no equivalent"):
         hf_gpt.hf_config(

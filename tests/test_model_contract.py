@@ -27,6 +27,7 @@ from t5x_like.families.bert import model as bert_models
 from t5x_like.families.bert import network as bert
 from t5x_like.families.gpt import finetune as gpt_finetune
 from t5x_like.families.gpt import model as decoder_only
+from t5x_like.families.gpt import network as gpt_network
 from t5x_like.families.t5 import model as encoder_decoder
 from t5x_like.families.t5 import network as t5
 from t5x_like.models import base
@@ -70,13 +71,13 @@ def test_the_built_in_families_are_registered_by_name():
     assert (known["t5"], known["bert"], known["gpt"]) == (
         t5.T5Config,
         bert.BertConfig,
-        decoder_only.GPTConfig,
+        gpt_network.GPTConfig,
     )
 
 
 @pytest.mark.parametrize(
     "config",
-    [t5.T5Config(mlp_activations=("gelu", "linear")), bert.BertConfig(), decoder_only.GPTConfig()],
+    [t5.T5Config(mlp_activations=("gelu", "linear")), bert.BertConfig(), gpt_network.GPTConfig()],
     ids=lambda c: c.FAMILY,
 )
 def test_a_config_comes_back_from_its_json(config):
@@ -286,8 +287,8 @@ def test_a_family_without_a_flop_count_leaves_mfu_unreported():
     [
         ("t5", t5.T5Config),
         ("bert", bert.BertConfig),
-        ("openai-gpt", decoder_only.GPTConfig),
-        ("gpt2", decoder_only.GPTConfig),
+        ("openai-gpt", gpt_network.GPTConfig),
+        ("gpt2", gpt_network.GPTConfig),
     ],
 )
 def test_each_family_registers_its_huggingface_model_types(model_type, config_class):

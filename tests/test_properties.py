@@ -11,7 +11,7 @@ import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from t5x_like.families.gpt import model as decoder_only
+from t5x_like.families.gpt import network as gpt_network
 from t5x_like.families.t5 import network as t5
 from t5x_like.families.t5 import objectives, preprocessors
 
@@ -229,7 +229,7 @@ def test_packed_decoder_only_masks_hide_the_future_outside_the_prefix(lengths):
         segments, prefix = ex["decoder_segment_ids"], ex["decoder_causal_attention"] > 0
         for causal_attention in (None, ex["decoder_causal_attention"]):
             mask = np.asarray(
-                decoder_only.decoder_mask(ex["decoder_input_tokens"], segments, causal_attention)
+                gpt_network.decoder_mask(ex["decoder_input_tokens"], segments, causal_attention)
             )
             _assert_only_own_segment(mask, segments, segments)
             future = np.triu(mask[:, 0] > 0, k=1)

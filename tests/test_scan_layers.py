@@ -13,7 +13,8 @@ from t5x_like import decoding
 from t5x_like.checkpoints import scan_layout
 from t5x_like.families.bert import network as bert
 from t5x_like.families.bert.model import BertPretrainingModel
-from t5x_like.families.gpt.model import DecoderOnlyModel, GPTConfig
+from t5x_like.families.gpt.model import DecoderOnlyModel
+from t5x_like.families.gpt.network import GPTConfig
 from t5x_like.families.t5 import network as t5
 from t5x_like.families.t5.model import EncoderDecoderModel
 from t5x_like.models import base

@@ -51,7 +51,7 @@ UNLABELLED_FAMILY = "t5"
 BUILT_IN_FAMILIES = (
     "t5x_like.families.t5.network",
     "t5x_like.families.bert.network",
-    "t5x_like.families.gpt.model",
+    "t5x_like.families.gpt.network",
 )
 # The model the entry points build when a run binds no `model_class` (as in t5x, T5's
 # encoder-decoder), named so that the core imports no family to default to it.

@@ -29,7 +29,7 @@ from t5x_like import losses
 from t5x_like.errors import ConfigError
 from t5x_like.families.bert import features as bert_features
 from t5x_like.families.bert.model import _example_weights
-from t5x_like.families.gpt.model import DecoderOnly, GPTConfig
+from t5x_like.families.gpt.network import DecoderOnly, GPTConfig
 from t5x_like.models import base, layers
 
 if TYPE_CHECKING:

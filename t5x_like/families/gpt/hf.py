@@ -15,7 +15,7 @@ import numpy as np
 from t5x_like.checkpoints import hf_families, hf_files
 from t5x_like.checkpoints.hf_files import read_config, read_tensors
 from t5x_like.errors import CheckpointError
-from t5x_like.families.gpt.model import DecoderOnly, GPTConfig
+from t5x_like.families.gpt.network import DecoderOnly, GPTConfig
 
 Tensor = np.ndarray
 Params = dict[str, Any]
@@ -222,7 +222,7 @@ def expected_params(cfg: GPTConfig) -> Params:
     import jax
     import jax.numpy as jnp
 
-    from t5x_like.families.gpt.model import DecoderOnly
+    from t5x_like.families.gpt.network import DecoderOnly
 
     return nn.meta.unbox(
         jax.eval_shape(

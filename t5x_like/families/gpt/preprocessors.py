@@ -28,7 +28,7 @@ TRANSFORMS = ("classification", "entailment", "similarity", "choices")
 
 def special_token_ids() -> tuple[int, int, int]:
     """(start, delimiter, extract): the rows after the gin-bound model's vocabulary."""
-    from t5x_like.families.gpt.model import GPTConfig
+    from t5x_like.families.gpt.network import GPTConfig
 
     base = GPTConfig().vocab_size
     return base, base + 1, base + 2
