@@ -86,13 +86,16 @@ def _pad(chunk: list[dict[str, Any]], batch_size: int, length: int) -> np.ndarra
 
 
 def task_examples(
-    task_name: str, split: str, feature_lengths: Mapping[str, int], max_examples: int | None = None
+    task_or_name: input_pipeline.TaskLike,
+    split: str,
+    feature_lengths: Mapping[str, int],
+    max_examples: int | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The task's preprocessed examples (tokenized, with `*_pretokenized` text), in order."""
-    task = input_pipeline.resolve_task(task_name)
+    task = input_pipeline.resolve_task(task_or_name)
     input_pipeline.check_data_available(task, split)
     if split not in task.splits:
-        raise ConfigError(f"Task {task_name!r} has no split {split!r}; it has {list(task.splits)}.")
+        raise ConfigError(f"Task {task.name!r} has no split {split!r}; it has {list(task.splits)}.")
     ds = task.get_dataset(dict(feature_lengths), split=split, shuffle=False, num_epochs=1, seed=0)
     if max_examples:
         ds = ds.take(max_examples)
@@ -156,7 +159,7 @@ def score(task: seqio.Task, predictions: Sequence[Prediction]) -> dict[str, floa
 def evaluate_task(
     predict_fn: PredictFn,
     params: Any,
-    task_name: str,
+    task_or_name: input_pipeline.TaskLike,
     split: str,
     feature_lengths: Mapping[str, int],
     batch_size: int,
@@ -165,17 +168,17 @@ def evaluate_task(
 ) -> tuple[dict[str, float], list[Prediction]]:
     """The task's metrics and predictions; `show_progress` draws a bar (off inside training,
     whose own bar is on screen)."""
-    task = input_pipeline.resolve_task(task_name)
+    task = input_pipeline.resolve_task(task_or_name)
     vocabulary = task.output_features["targets"].vocabulary
     total = expected_examples(task, split, max_examples) if show_progress else None
     predictions = predict(
         predict_fn,
         params,
-        task_examples(task_name, split, feature_lengths, max_examples),
+        task_examples(task, split, feature_lengths, max_examples),
         vocabulary,
         batch_size,
         feature_lengths["inputs"],
-        progress=f"eval {task_name}" if show_progress else None,
+        progress=f"eval {task.name}" if show_progress else None,
         total=total,
     )
     return score(task, predictions), predictions
@@ -193,10 +196,12 @@ def expected_examples(task: seqio.Task, split: str, max_examples: int | None) ->
     return count
 
 
-def evaluable_tasks(task_or_mixture: str, split: str = "validation") -> list[str]:
-    """The tasks (of a mixture, rate-0 evaluation-only members included) that have metrics
-    and the split: the ones t5x's `seqio.Evaluator` scores (`seqio.get_subtasks`, then
-    `seqio.evaluation.get_valid_eval_tasks`)."""
+def evaluable_tasks(
+    task_or_mixture: input_pipeline.TaskLike, split: str = "validation"
+) -> list[str]:
+    """The names of the tasks (of a mixture, rate-0 evaluation-only members included) that
+    have metrics and the split: the ones t5x's `seqio.Evaluator` scores (`seqio.get_subtasks`,
+    then `seqio.evaluation.get_valid_eval_tasks`)."""
     provider = input_pipeline.resolve_task(task_or_mixture)
     scored = [t for t in seqio.get_subtasks(provider) if t.metric_fns]  # (never C4)
     for task in scored:
@@ -205,8 +210,7 @@ def evaluable_tasks(task_or_mixture: str, split: str = "validation") -> list[str
         except ValueError:
             input_pipeline.check_data_available(task, split)  # says how to prepare it
             raise
-    tasks = seqio.evaluation.get_valid_eval_tasks(scored, split)
-    return [t.name for t in tasks]
+    return [t.name for t in seqio.evaluation.get_valid_eval_tasks(scored, split)]
 
 
 def write_jsonl(path: str, records: Iterable[Mapping[str, Any]]) -> None:

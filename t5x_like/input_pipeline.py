@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import os
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Mapping, TypeAlias
 
 import jax
 import seqio
@@ -23,12 +23,21 @@ if TYPE_CHECKING:
     from t5x_like.models.base import Model
 
 
-def resolve_task(name: str) -> seqio.Task | seqio.Mixture:
-    """The registered task or mixture, or an error that suggests close names.
+# A task or mixture, or the name it is registered under. A run resolves its task once
+# (`resolve_task`) and hands the object on; the functions here and in `evaluation` and
+# `train_data` take either, so a name is looked up only where a caller has nothing else.
+TaskLike: TypeAlias = str | seqio.Task | seqio.Mixture
+
+
+def resolve_task(name: TaskLike) -> seqio.Task | seqio.Mixture:
+    """The registered task or mixture, or an error that suggests close names (an object
+    passes through).
 
     The library registers no task itself: the entry points import the task modules
     (`gin_setup.register_configurables` imports `tasks`), and a script calling the library
     directly imports the module that registers its tasks first."""
+    if not isinstance(name, str):
+        return name
     names = list(seqio.TaskRegistry.names()) + list(seqio.MixtureRegistry.names())
     if name not in names:
         if not names:
@@ -296,7 +305,7 @@ def steps_for_epochs(
 
 
 def get_dataset(
-    task_name: str,
+    task: TaskLike,
     task_feature_lengths: Mapping[str, int],
     batch_size: int,
     split: str,
@@ -312,7 +321,7 @@ def get_dataset(
     converter and holding the features it reads (`Model.FEATURES`) only. With
     `shard_info`, batches of `batch_size` rows of that shard of the data instead (the
     training stream's data shards, `t5x_like.train_data`)."""
-    resolve_task(task_name)
+    provider = resolve_task(task)
     if shard_info is None:
         process_count = jax.process_count()
         if batch_size % process_count:
@@ -322,7 +331,7 @@ def get_dataset(
         shard_info = seqio.ShardInfo(jax.process_index(), process_count)
         batch_size //= process_count
     ds = seqio.get_dataset(
-        task_name,
+        provider,
         task_feature_lengths=dict(task_feature_lengths),
         feature_converter=model.feature_converter(pack),
         dataset_split=split,

@@ -267,7 +267,7 @@ def train(
         if start_step:
             _check_resume_config(checkpointer, cfg)
             input_pipeline.check_resumed_vocabulary(
-                record.get("vocabularies", {}), vocabularies, model_dir, task
+                record.get("vocabularies", {}), vocabularies, model_dir, task_obj.name
             )
         elif init_checkpoint:
             params_io.check_compatible(
@@ -275,7 +275,7 @@ def train(
                 cfg,
                 init_checkpoint,
             )
-        eval_tasks = evaluation.evaluable_tasks(task) if metrics_eval_every else []
+        eval_tasks = evaluation.evaluable_tasks(task_obj) if metrics_eval_every else []
 
         print(
             f"Operative config (saved to {model_dir}/config.gin):\n{gin.operative_config_str()}",
@@ -321,6 +321,7 @@ def train(
                 pack=pack,
                 model=model,
                 restore_from=input_state.input_state_dir(model_dir, step) if step > first else None,
+                task=task_obj,
             )
             if step > first:
                 _log(
@@ -335,7 +336,7 @@ def train(
         feature_lengths = dict(phase_plan[phase][1])
         train_iter = train_batches(phase, start_step)
         first_batch = next(train_iter, None)  # before the state is built: an empty task fails now
-        input_pipeline.check_not_empty(first_batch, task, "train", feature_lengths)
+        input_pipeline.check_not_empty(first_batch, task_obj.name, "train", feature_lengths)
         train_iter = itertools.chain([first_batch], train_iter)
         if len(phase_plan) > 1:
             _log(
@@ -474,7 +475,7 @@ def train(
             if eval_every and (step % eval_every == 0 or step == train_steps):
                 if eval_data is None:
                     eval_data = load_eval_batches(
-                        task, feature_lengths, batch_size, eval_batches, pack, model
+                        task_obj, feature_lengths, batch_size, eval_batches, pack, model
                     )
                 with layout.context():
                     eval_metrics = evaluate(eval_step, state.params, eval_data, layout, model)
@@ -519,7 +520,7 @@ def train(
             and model.PROMPT_FEATURE is not None
         ):
             show_predictions(
-                model, jax.device_get(state.params), task, feature_lengths, num_predictions
+                model, jax.device_get(state.params), task_obj, feature_lengths, num_predictions
             )
         return state
     finally:
@@ -745,7 +746,7 @@ def _phase_at(plan: Sequence[tuple[int, Mapping[str, int]]], step: int) -> int:
 
 
 def load_eval_batches(
-    task: str,
+    task: input_pipeline.TaskLike,
     feature_lengths: Mapping[str, int],
     batch_size: int,
     num_batches: int,
@@ -754,10 +755,11 @@ def load_eval_batches(
 ) -> list[dict[str, np.ndarray]]:
     """The first `num_batches` validation batches, read once and reused at every evaluation
     (a fixed set, so evaluations are comparable); empty if the task has no validation split."""
-    if "validation" not in input_pipeline.resolve_task(task).splits:
+    provider = input_pipeline.resolve_task(task)
+    if "validation" not in provider.splits:
         return []
     ds = input_pipeline.get_dataset(
-        task,
+        provider,
         feature_lengths,
         batch_size,
         "validation",
@@ -789,7 +791,11 @@ def evaluate(
 
 
 def show_predictions(
-    model: Model, params, task: str, feature_lengths: Mapping[str, int], count: int
+    model: Model,
+    params,
+    task: input_pipeline.TaskLike,
+    feature_lengths: Mapping[str, int],
+    count: int,
 ) -> None:
     """Print validation inputs with the model's greedy output beside the true targets (tasks
     with inputs only: a plain language-modelling task has nothing to continue from)."""
@@ -797,7 +803,7 @@ def show_predictions(
     if "inputs" not in task_obj.output_features or "inputs" not in feature_lengths:
         return
     split = "validation" if "validation" in task_obj.splits else "train"
-    examples = list(evaluation.task_examples(task, split, feature_lengths, count))
+    examples = list(evaluation.task_examples(task_obj, split, feature_lengths, count))
     if not examples:
         return
     vocab = task_obj.output_features["targets"].vocabulary

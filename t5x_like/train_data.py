@@ -99,14 +99,17 @@ def _shard_datasets(
     model: Model,
     process_index: int | None,
     process_count: int | None,
+    task: input_pipeline.TaskLike | None = None,
 ) -> dict[int, tf.data.Dataset]:
-    """{shard index: its endless stream of batches of B / S rows} for this process's shards."""
+    """{shard index: its endless stream of batches of B / S rows} for this process's shards,
+    of `task` (the run's resolved task; `order.task`, its name, when not given)."""
+    provider = input_pipeline.resolve_task(order.task if task is None else task)
     process_index = jax.process_index() if process_index is None else process_index
     process_count = jax.process_count() if process_count is None else process_count
     rows_per_shard = order.batch_size // order.data_shards
     return {
         j: input_pipeline.get_dataset(
-            order.task,
+            provider,
             feature_lengths,
             rows_per_shard,
             "train",
@@ -130,10 +133,13 @@ def host_dataset(
     model: Model,
     process_index: int | None = None,
     process_count: int | None = None,
+    task: input_pipeline.TaskLike | None = None,
 ) -> tf.data.Dataset:
     """This process's rows of global batches start_batch, start_batch + 1, ... (endless)."""
     shards = list(
-        _shard_datasets(order, feature_lengths, pack, model, process_index, process_count).values()
+        _shard_datasets(
+            order, feature_lengths, pack, model, process_index, process_count, task
+        ).values()
     )
     ds = shards[0] if len(shards) == 1 else tf.data.Dataset.zip(tuple(shards)).map(_concat_rows)
     return ds.skip(start_batch) if start_batch else ds
@@ -146,7 +152,8 @@ class HostBatches(Iterator[dict[str, np.ndarray]]):
 
     `restore_from`: a directory `save` wrote; used when it holds every shard of this process
     at exactly `start_batch` for the same data order, lengths and packing, else the stream
-    starts by skipping (`how_started` says which, and why).
+    starts by skipping (`how_started` says which, and why). `task`: the run's resolved task
+    (`order.task` names it; given, it is not looked up again).
     """
 
     def __init__(
@@ -160,6 +167,7 @@ class HostBatches(Iterator[dict[str, np.ndarray]]):
         restore_from: str | None = None,
         process_index: int | None = None,
         process_count: int | None = None,
+        task: input_pipeline.TaskLike | None = None,
     ) -> None:
         self.position = start_batch
         self._describe = {
@@ -168,7 +176,7 @@ class HostBatches(Iterator[dict[str, np.ndarray]]):
             "pack": pack,
         }
         datasets = _shard_datasets(
-            order, feature_lengths, pack, model, process_index, process_count
+            order, feature_lengths, pack, model, process_index, process_count, task
         )
         why_not = (
             self._restore(datasets, restore_from)

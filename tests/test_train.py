@@ -209,3 +209,38 @@ def test_preemption_notice_saves_at_the_current_step_exits_zero_and_resumes(noti
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"Resumed from the checkpoint at step {step}" in resumed.stdout
     assert max(int(d) for d in os.listdir(ckpts) if d.isdigit()) == step + 3
+
+
+def test_the_run_looks_its_task_up_once(tmp_path, monkeypatch):
+    """`train` resolves its task once and hands the object to the data checks, the training
+    stream, the evaluation batches and the printed predictions: seqio's registry is asked for
+    the task's name exactly once (eight times before the object was handed on)."""
+    import seqio
+    from seqio import dataset_providers
+
+    task = "offline_span_corruption"
+    lookups = []
+    original = dataset_providers.get_mixture_or_task
+
+    def counting(name):
+        lookups.append(name)
+        return original(name)
+
+    monkeypatch.setattr(dataset_providers, "get_mixture_or_task", counting)
+    monkeypatch.setattr(seqio, "get_mixture_or_task", counting)
+    gin_setup.parse_gin(
+        ["gin_configs/runs/quickstart.gin"],
+        TINY_RUN
+        + [
+            f"MODEL_DIR={tmp_path / 'run'}",
+            f"TASK='{task}'",
+            "TRAIN_STEPS=2",
+            "train.eval_every=2",
+            "train.checkpoint_every=100",
+        ],
+    )
+    try:
+        train.train()
+    finally:
+        gin.clear_config()
+    assert lookups.count(task) == 1, lookups
