@@ -46,8 +46,8 @@ def _op_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def summarise(events: list[dict[str, Any]], steps: int, top: int = 25) -> dict[str, Any]:
     ops = _op_events(events)
     total = sum(e["dur"] for e in ops) or 1.0
-    by_name: dict[str, float] = collections.Counter()
-    by_kind: dict[str, float] = collections.Counter()
+    by_name: dict[str, float] = collections.defaultdict(float)
+    by_kind: dict[str, float] = collections.defaultdict(float)
     count: dict[str, int] = collections.Counter()
     for e in ops:
         by_name[e["name"]] += e["dur"]

@@ -63,7 +63,7 @@ def run(names: list[str], batch_size: int, at: int) -> list[dict[str, Any]]:
         assert how.startswith("skipped"), how
         for key in restored:
             np.testing.assert_array_equal(restored[key], skipped[key], err_msg=key)
-        row = {
+        row: dict[str, Any] = {
             "pipeline": name,
             "task": task,
             "feature_lengths": lengths,

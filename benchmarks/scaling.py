@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="benchmarks/results/scaling.json")
     args = parser.parse_args(argv)
 
-    results = {"train": [], "plans": []}
+    results: dict[str, list] = {"train": [], "plans": []}
     print(
         f"{'devices':>7} {'mesh':>6} {'layout':<15} {'step s':>8} {'tokens/s':>9} "
         f"{'MiB/device':>10}"

@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-from typing import Callable
+from typing import Any, Callable
 
 from t5x_like import logs
 from t5x_like.checkpoints import hf_families, hf_files, params_io, scan_layout
@@ -87,7 +87,7 @@ def _relayout(config, params, scanned: bool):
     )
 
 
-def _read_checkpoint(path: str):
+def _read_checkpoint(path: str) -> tuple[Any, Any]:
     import jax
 
     directory = params_io.checkpoint_directory(path)

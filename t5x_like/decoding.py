@@ -168,7 +168,7 @@ def sample_decode(
 
 
 # ----------------------------------------------------------------------- beam search
-def length_penalty(length: Array, alpha: float) -> Array:
+def length_penalty(length: Array | int, alpha: float) -> Array:
     """Wu et al. (2016): ((5 + length) / 6) ** alpha; alpha 0 ranks by log-probability."""
     return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
 

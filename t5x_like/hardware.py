@@ -156,7 +156,7 @@ def matmul_timer(dtype: str = "float32", size: int = 1024, trials: int = 3) -> M
     for _ in range(trials):  # in turn, so a slow phase of a shared host hits them all
         for library, timer in timers.items():
             best[library] = min(best[library], timer())
-    fastest = min(best, key=best.get)
+    fastest = min(best, key=best.__getitem__)
     return MatmulTimer(fastest, timers[fastest])
 
 

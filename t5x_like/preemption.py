@@ -31,6 +31,7 @@ import threading
 import urllib.request
 from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 import gin
 import jax
@@ -93,7 +94,7 @@ class PreemptionWatcher:
     ) -> None:
         self.signal_name: str | None = None
         self._end_start_up = end_start_up  # None once started(): signals stop at a step
-        self._previous = None
+        self._previous: Any = None  # the SIGTERM handler before ours
         self._multi_process = jax.process_count() > 1
         self._closed = threading.Event()
         if not self._multi_process:

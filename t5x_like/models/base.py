@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, cast
 
 import flax.linen as nn
 import jax
@@ -220,4 +220,4 @@ class Model:
 
 def objective(sums: Mapping[str, Array], denominators: Mapping[str, Array]) -> Array:
     """The training loss: each summed term over its own divisor."""
-    return sum(sums[k] / denominators[k] for k in denominators)
+    return cast(Array, sum(sums[k] / denominators[k] for k in denominators))

@@ -15,12 +15,12 @@ Task feature lengths:
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, TypeAlias
 
 import seqio
 import tensorflow as tf
 
-Spec = seqio.FeatureConverter.FeatureSpec
+Spec: TypeAlias = seqio.FeatureConverter.FeatureSpec
 INT, FLOAT = tf.int32, tf.float32
 
 

@@ -161,10 +161,10 @@ def _strip_padding(ex: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
 def _group_documents(
     flat: np.ndarray, sentence_splits: np.ndarray, document_splits: np.ndarray
 ) -> list[list[list[int]]]:
-    flat = flat.tolist()
+    tokens = flat.tolist()
     return [
         [
-            flat[sentence_splits[s] : sentence_splits[s + 1]]
+            tokens[sentence_splits[s] : sentence_splits[s + 1]]
             for s in range(document_splits[d], document_splits[d + 1])
         ]
         for d in range(len(document_splits) - 1)

@@ -146,7 +146,7 @@ def params_from_hf(tensors: dict[str, Tensor], cfg: GPTConfig) -> Params:
             "kernel": take(f"{hf}.attn.c_proj.weight").reshape(heads, head_dim, hidden),
             "bias": take(f"{hf}.attn.c_proj.bias"),
         }
-        layer = {
+        layer: dict[str, Any] = {
             "attention": attention,
             "mlp": {
                 "wi": {
