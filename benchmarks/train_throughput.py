@@ -530,7 +530,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--nonfinite_policy",
         default="stop",
         choices=trainer.NONFINITE_POLICIES,
-        help="the step's NaN/Inf guard (train.nonfinite_policy); 'none' = no "
+        help="the step's NaN/Inf guard (Health.nonfinite_policy); 'none' = no "
         "guard, to measure its cost",
     )
     parser.add_argument("--out", default="benchmarks/results/train_throughput.json")

@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Any, Callable, Sequence
 
-from t5x_like import distributed, errors, gin_setup, host_runtime
+from t5x_like import distributed, errors, gin_setup, host_runtime, train_settings
 
 
 def parse_args(argv: Sequence[str], description: str) -> tuple[list[str], list[str]]:
@@ -18,7 +18,7 @@ def parse_args(argv: Sequence[str], description: str) -> tuple[list[str], list[s
     parser = argparse.ArgumentParser(
         description=description,
         epilog="Bindings: --gin.KEY=VALUE, e.g. --gin.MODEL_DIR=/tmp/run "
-        "--gin.T5Config.dropout_rate=0.0 --gin.train.batch_size=64",
+        "--gin.T5Config.dropout_rate=0.0 --gin.Data.batch_size=64",
     )
     parser.add_argument(
         "--gin_file",
@@ -61,9 +61,13 @@ def run(entry: Callable[[], Any], argv: Sequence[str] | None, description: str) 
         print(f"error: {e}", file=sys.stderr)
         return 2
     except (ValueError, SyntaxError) as e:
+        moved = train_settings.moved_binding(str(e))
+        if moved:
+            print(f"error: {moved}\n(gin said: {e})", file=sys.stderr)
+            return 2
         print(
             f"error: bad gin configuration: {e}\nCheck the binding's spelling against the "
-            "configurables in gin_configs/ (e.g. train.batch_size, T5Config.emb_dim).",
+            "configurables in gin_configs/ (e.g. Data.batch_size, T5Config.emb_dim).",
             file=sys.stderr,
         )
         return 2
@@ -83,5 +87,5 @@ def main_of_module(module_name: str) -> None:
     as `python -m module_name`, before its own definitions: the file then runs as `__main__`,
     and its gin configurables would be registered under `__main__` as well as under the
     module's name once anything imports the module (`gin_setup.register_configurables` does), so
-    a binding such as `train.batch_size` would match two configurables."""
+    a binding such as `train.model_dir` would match two configurables."""
     sys.exit(importlib.import_module(module_name).main())

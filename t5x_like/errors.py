@@ -30,5 +30,5 @@ class CheckpointError(ValueError):
 
 
 class NonFiniteLoss(RuntimeError):
-    """Training stopped (train.nonfinite_policy='stop') at a step whose loss or gradient norm
+    """Training stopped (Health.nonfinite_policy='stop') at a step whose loss or gradient norm
     was NaN/Inf; the message names the step, the metric and what was saved."""

@@ -34,6 +34,7 @@ CONFIGURABLE_MODULES = (
     "t5x_like.preemption",
     "t5x_like.families.bert.squad_eval",
     "t5x_like.train",
+    "t5x_like.train_settings",
     "t5x_like.families.bert.model",
     "t5x_like.families.t5.model",
     "t5x_like.families.gpt.model",

@@ -228,7 +228,7 @@ def check_resumed_vocabulary(
                 f"MODEL_DIR {model_dir} was trained with the {key!r} vocabulary {name(before)}, "
                 f"but task {task_name!r} reads {name(now)}: the same ids would mean other "
                 "pieces. Resume with the checkpoint's vocabulary, or start a new MODEL_DIR "
-                "(--gin.train.init_checkpoint to start from its parameters)."
+                "(--gin.Checkpointing.init_checkpoint to start from its parameters)."
             )
 
 
@@ -245,7 +245,7 @@ def check_sequence_fits(
     model,
     task_feature_lengths: Mapping[str, int],
     pack: bool,
-    binding: str = "train.task_feature_lengths",
+    binding: str = "Data.task_feature_lengths",
 ) -> None:
     """The model's sequences must fit its learned position table (BERT, GPT): otherwise the
     first step would fail inside the compiled model, after minutes of set-up."""
@@ -298,7 +298,7 @@ def steps_for_epochs(
         if not count:
             raise ConfigError(
                 f"Task {task.name!r} cannot count its training examples{why}; "
-                "set train.train_steps instead of train.train_epochs."
+                "set Schedule.train_steps instead of Schedule.train_epochs."
             )
         total += count
     return max(1, int(total / batch_size * epochs))

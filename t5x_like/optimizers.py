@@ -214,8 +214,8 @@ def _factored_moments(g: jax.Array, small: int, large: int, as_dots: bool):
 
 
 SCHEDULES = ("inverse_sqrt", "constant", "linear_decay", "cosine")
-# A run names a schedule or an optimizer by string (`train.learning_rate_schedule='cosine'`,
-# `train.optimizer='adamw'`) or binds a callable that builds one (`train.optimizer=
+# A run names a schedule or an optimizer by string (`Schedule.kind='cosine'`,
+# `Optimizer.kind='adamw'`) or binds a callable that builds one (`Optimizer.kind=
 # @my_optimizer`, a gin configurable): a schedule factory gets the run's total steps, an
 # optimizer factory the learning-rate schedule. A new one needs no edit of `train`.
 ScheduleFactory = Callable[[int], optax.Schedule]
@@ -249,7 +249,7 @@ def learning_rate_schedule(
         )
     from t5x_like.errors import ConfigError
 
-    raise ConfigError(f"train.learning_rate_schedule={name!r}; choose one of {SCHEDULES}.")
+    raise ConfigError(f"Schedule.kind={name!r}; choose one of {SCHEDULES}.")
 
 
 OPTIMIZERS = ("adafactor", "adamw")
@@ -266,9 +266,9 @@ def optimizer_factory(name: str | OptimizerFactory) -> OptimizerFactory:
         from t5x_like.errors import ConfigError
 
         raise ConfigError(
-            f"train.optimizer={name!r}; choose one of {OPTIMIZERS}, or bind a callable that "
+            f"Optimizer.kind={name!r}; choose one of {OPTIMIZERS}, or bind a callable that "
             "builds an optax optimizer from the learning-rate schedule "
-            "(--gin.train.optimizer=@my_optimizer)."
+            "(--gin.Optimizer.kind=@my_optimizer)."
         )
     return named[name]
 

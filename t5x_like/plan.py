@@ -63,8 +63,8 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--layout", default="auto", help="data_parallel | model_parallel | fsdp | auto"
     )
-    # None: the run's binding (train.batch_size, ...) when a gin file makes one, else train's
-    # default (`RUN_DEFAULTS`).
+    # None: the run's binding (Data.batch_size, ...) when a gin file makes one, else train's
+    # default (`run_defaults`).
     parser.add_argument("--batch_size", type=int, default=None, help="default 128")
     parser.add_argument("--inputs", type=int, default=None, help="default 512")
     parser.add_argument("--targets", type=int, default=None, help="default 114")
@@ -73,30 +73,49 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-# train's defaults (the T5 baseline) for what neither a flag nor the run's gin file sets.
-RUN_DEFAULTS = {
-    "batch_size": 128,
-    "inputs": 512,
-    "targets": 114,
-    "num_microbatches": 1,
-    "optimizer": "adafactor",
-}
+def _group_default(group: type, name: str) -> Any:
+    """A run setting's default: the field default of its train_settings group."""
+    import dataclasses
+
+    field = next(f for f in dataclasses.fields(group) if f.name == name)
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return field.default
+
+
+def run_defaults() -> dict[str, Any]:
+    """train's defaults (the T5 baseline) for what neither a flag nor the run's gin file sets."""
+    from t5x_like.train_settings import Data, Optimizer
+
+    lengths = _group_default(Data, "task_feature_lengths")
+    return {
+        "batch_size": _group_default(Data, "batch_size"),
+        "inputs": lengths["inputs"],
+        "targets": lengths["targets"],
+        "num_microbatches": _group_default(Optimizer, "num_microbatches"),
+        "optimizer": _group_default(Optimizer, "kind"),
+    }
 
 
 def _run_bindings() -> dict[str, Any]:
-    """What the parsed gin files bind for `train` (nothing when only a model file was read,
-    where `train` is not even registered)."""
+    """What the parsed gin files bind for the run: `train`'s own settings and those of its
+    `Data` and `Optimizer` groups, keyed by name (nothing when only a model file was read,
+    where they are not even registered)."""
     import gin
 
-    try:
-        return gin.get_bindings("train")
-    except ValueError:
-        return {}
+    bindings: dict[str, Any] = {}
+    for scope, prefix in (("train", ""), ("Data", "data."), ("Optimizer", "optimizer.")):
+        try:
+            bindings.update({prefix + k: v for k, v in gin.get_bindings(scope).items()})
+        except ValueError:
+            pass
+    return bindings
 
 
 def _with_run_settings(args: argparse.Namespace, run: dict[str, Any]) -> argparse.Namespace:
-    """`args` with each setting left unset taken from the run's bindings `run`, else from
-    RUN_DEFAULTS. The planner compiles T5's step: a run of another model class is an error."""
+    """`args` with each setting left unset taken from the run's bindings `run`
+    (`_run_bindings`), else from `run_defaults()`. The planner compiles T5's step: a run of
+    another model class is an error."""
     from t5x_like.errors import ConfigError
     from t5x_like.models import base
 
@@ -107,17 +126,17 @@ def _with_run_settings(args: argparse.Namespace, run: dict[str, Any]) -> argpars
             "planner plans T5's encoder-decoder train step only. Give it the model's gin file "
             "and --batch_size/--inputs/--targets instead."
         )
-    lengths = dict(run.get("task_feature_lengths", {}))
+    lengths = dict(run.get("data.task_feature_lengths", {}))
     from_run = {
-        "batch_size": run.get("batch_size"),
+        "batch_size": run.get("data.batch_size"),
         "inputs": lengths.get("inputs"),
         "targets": lengths.get("targets"),
-        "num_microbatches": run.get("num_microbatches"),
-        "optimizer": run.get("optimizer"),
+        "num_microbatches": run.get("optimizer.num_microbatches"),
+        "optimizer": run.get("optimizer.kind"),
     }
     settings = {
         name: next(v for v in (getattr(args, name, None), from_run[name], default) if v is not None)
-        for name, default in RUN_DEFAULTS.items()
+        for name, default in run_defaults().items()
     }
     return argparse.Namespace(**{**vars(args), **settings})
 
@@ -249,7 +268,7 @@ def print_report(result: dict[str, Any]) -> None:
     )
     print(
         f"checkpoint       {_gib(result['checkpoint_bytes'])} a step on disk (parameters + "
-        "optimizer state; keep_checkpoints=K needs K + 1 while the newest is written)"
+        "optimizer state; Checkpointing.keep=K needs K + 1 while the newest is written)"
     )
     print(
         f"FLOPs per step   {result['flops_per_step']:.3e} "

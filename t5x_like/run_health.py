@@ -33,8 +33,8 @@ def stop_message(
     )
     return (
         f"step {step}: non-finite {nonfinite_description(metrics)}; training stopped "
-        f"(train.nonfinite_policy='stop') and {saved}. Lower the learning rate or check "
-        "the data near this step, or bind --gin.train.nonfinite_policy=skip to drop such "
+        f"(Health.nonfinite_policy='stop') and {saved}. Lower the learning rate or check "
+        "the data near this step, or bind --gin.Health.nonfinite_policy=skip to drop such "
         "steps, then rerun the command to resume."
     )
 
@@ -45,7 +45,7 @@ class LossSpikes:
 
     def __init__(self, ratio: float = 1.5, history: int = 100, min_history: int = 10) -> None:
         if ratio <= 1.0:
-            raise ConfigError(f"train.loss_spike_ratio={ratio} must be > 1 (e.g. 1.5).")
+            raise ConfigError(f"Health.loss_spike_ratio={ratio} must be > 1 (e.g. 1.5).")
         self.ratio, self.min_history = ratio, min_history
         self.recent: collections.deque[float] = collections.deque(maxlen=history)
 

@@ -1,4 +1,4 @@
-"""Train a model (T5, or BERT with `train.model_class`) from gin files.
+"""Train a model (T5, or another family with `train.model_class`) from gin files.
 
     python -m t5x_like.train --gin_file=gin_configs/models/t5_1_1/small.gin \\
         --gin_file=gin_configs/runs/pretrain.gin --gin.MODEL_DIR=/tmp/run --gin.TRAIN_STEPS=1000
@@ -49,12 +49,14 @@ from t5x_like import (
     run_lock,
     storage,
     train_data,
+    train_settings,
     trainer,
 )
 from t5x_like.checkpoints import input_state, params_io, train_state
 from t5x_like.checkpoints.best import BestCheckpoints
 from t5x_like.models import base
 from t5x_like.models.base import Model
+from t5x_like.train_settings import Checkpointing, Data, Evaluation, Health, Optimizer, Schedule
 
 
 def _check_model_dir(model_dir: str | None) -> str:
@@ -84,7 +86,7 @@ def _check_resume_config(checkpointer: train_state.Checkpointer, cfg) -> None:
             f"MODEL_DIR {checkpointer.directory} was trained with scan_layers="
             f"{saved['scan_layers']}; resume with --gin.{type(cfg).__name__}.scan_layers="
             f"{saved['scan_layers']} (the optimizer state is in that layout), or start a new "
-            "run from it with --gin.train.init_checkpoint, which converts the parameters."
+            "run from it with --gin.Checkpointing.init_checkpoint, which converts the parameters."
         )
     if diffs:
         raise errors.ConfigError(
@@ -99,102 +101,60 @@ def _write_text(path: str, text: str) -> None:
         storage.write_text(path, text)
 
 
-# Every numeric setting of `train`, checked before anything is read or written.
+# The numeric settings `train` takes itself; the groups check their own (`train_settings`).
 SETTINGS = {
-    "batch_size": config.Number(int, minimum=1),
-    "train_steps": config.Number(int, minimum=1),
-    "warmup_steps": config.Number(int, minimum=0),
-    "learning_rate_scale": config.Number(float, above=0),
-    "eval_every": config.Number(int, minimum=0),
-    "eval_batches": config.Number(int, minimum=0),
-    "checkpoint_every": config.Number(int, minimum=1),
-    "keep_checkpoints": config.Number(int, minimum=1, optional=True),
     "log_every": config.Number(int, minimum=1),
     "seed": config.Number(int),
-    "num_microbatches": config.Number(int, minimum=1),
-    "num_predictions": config.Number(int, minimum=0),
-    "constant_learning_rate": config.Number(float, above=0),
-    "metrics_eval_every": config.Number(int, minimum=0),
-    "metrics_eval_examples": config.Number(int, minimum=1, optional=True),
-    "metrics_eval_batch_size": config.Number(int, minimum=1),
-    "peak_learning_rate": config.Number(float, above=0),
-    "train_epochs": config.Number(float, above=0, optional=True),
-    "warmup_proportion": config.Number(float, minimum=0, maximum=1, optional=True),
-    "data_shards": config.Number(int, minimum=1, optional=True),
-    "loss_spike_ratio": config.Number(float, above=1),
 }
 
 
 @gin.configurable
 def train(
     model_dir: str | None = None,
-    task: str = "offline_span_corruption",
-    task_feature_lengths: Mapping[str, int] = (("inputs", 512), ("targets", 114)),
-    batch_size: int = 128,
-    train_steps: int = 2**19,
-    warmup_steps: int = 10_000,
-    learning_rate_scale: float = 1.0,
-    eval_every: int = 1000,
-    eval_batches: int = 10,
-    checkpoint_every: int = 1000,
-    keep_checkpoints: int | None = 5,
-    log_every: int = 100,
-    seed: int = 0,
-    pack: bool = True,
-    tfds_data_dir: str | None = None,
-    num_microbatches: int = 1,
-    num_predictions: int = 4,
-    init_checkpoint: str | None = None,
-    learning_rate_schedule: str | optimizers.ScheduleFactory = "inverse_sqrt",
-    constant_learning_rate: float = 0.001,
-    metrics_eval_every: int = 0,
-    metrics_eval_examples: int | None = None,
-    metrics_eval_batch_size: int = 32,
     model_class: Callable[[], Model] | None = None,
-    optimizer: str | optimizers.OptimizerFactory = "adafactor",
-    peak_learning_rate: float = 1e-4,
-    phases: Sequence[tuple[float, Mapping[str, int]]] | None = None,
-    train_epochs: float | None = None,
-    warmup_proportion: float | None = None,
+    data: Data | None = None,
+    schedule: Schedule | None = None,
+    optimizer: Optimizer | None = None,
+    checkpointing: Checkpointing | None = None,
+    evaluation: Evaluation | None = None,
+    health: Health | None = None,
+    seed: int = 0,
+    log_every: int = 100,
     profile_steps: str | None = None,
-    data_shards: int | None = None,
-    nonfinite_policy: str = "stop",
-    inject_nonfinite_at_steps: Sequence[int] = (),
-    loss_spike_ratio: float = 1.5,
 ) -> trainer.TrainState:
     """Pretrain or fine-tune, and return the final train state.
 
-    The defaults are the T5 paper's baseline (2^19 steps of 128 x 512 packed tokens, AdaFactor,
-    1/sqrt(max(step, 10^4))). Fine-tuning (gin_configs/runs/finetune.gin) starts from
-    `init_checkpoint`'s parameters with a fresh optimizer and `learning_rate_schedule=
-    'constant'` at 0.001, and every `metrics_eval_every` steps decodes each task's validation
-    examples, scores them with the task's metrics (TensorBoard `eval/<task>/<metric>`) and keeps
-    the best parameters per task in MODEL_DIR/best/<task>.
+    The settings come in groups, each a gin configurable of `t5x_like.train_settings` built
+    here from its bindings unless given: `Data` (task, feature lengths, batch size, packing,
+    phases), `Schedule` (train steps and the learning rate), `Optimizer`, `Checkpointing`,
+    `Evaluation`, `Health` (non-finite steps, loss spikes). Their defaults are the T5 paper's
+    baseline (2^19 steps of 128 x 512 packed tokens, AdaFactor, 1/sqrt(max(step, 10^4))).
+    Fine-tuning (gin_configs/runs/finetune.gin) starts from `Checkpointing.init_checkpoint`'s
+    parameters with a fresh optimizer and a constant 0.001, and every
+    `Evaluation.metrics_every` steps decodes each task's validation examples, scores them with
+    the task's metrics (TensorBoard `eval/<task>/<metric>`) and keeps the best parameters per
+    task in MODEL_DIR/best/<task>.
 
-    Nothing is lost when a run dies: the batch of every step is fixed by (task, batch_size,
-    seed, `data_shards`) and the step (`t5x_like.train_data`), the dropout rng by the seed and
-    the step, so rerunning the command resumes from the newest complete checkpoint and
+    Nothing is lost when a run dies: the batch of every step is fixed by (task, batch size,
+    `seed`, `Data.shards`) and the step (`t5x_like.train_data`), the dropout rng by the seed
+    and the step, so rerunning the command resumes from the newest complete checkpoint and
     reproduces the uninterrupted run bit for bit, on any number of hosts that divides
-    `data_shards` (default: the process count of the first run).
+    `Data.shards`; a run in phases continues in the phase its step falls in.
 
     `model_class` builds the model: T5's encoder-decoder unless bound
     (`base.DEFAULT_MODEL_CLASS`), or another family's (`@BertPretrainingModel`,
-    `@BertClassifierModel`, ...). `optimizer='adamw'` with `learning_rate_schedule=
-    'linear_decay'` is BERT's (peak `peak_learning_rate`, `warmup_steps` linear warm-up, linear
-    decay to 0 at `train_steps`). Both settings also take a callable gin builds
-    (`--gin.train.optimizer=@my_optimizer`: it gets the schedule;
-    `learning_rate_schedule=@my_schedule`: it gets `train_steps`), so a new optimizer or
-    schedule needs no edit here. `phases` runs the steps in phases of different lengths, e.g.
-    BERT's ((0.9, {'inputs': 128, 'targets': 20}), (1.0, {'inputs': 512, 'targets': 80})): each
-    pair is (fraction of train_steps where the phase ends, task_feature_lengths); a resumed run
-    continues in the phase its step falls in, with the same parameters and optimizer state.
-    BERT's fine-tuning recipes count in epochs: `train_epochs` sets train_steps to
-    epochs x (the train split's examples) / batch_size and `warmup_proportion` sets
-    warmup_steps to that share of them (the reference's 0.1).
+    `@BertClassifierModel`, ...). `profile_steps` ('START-END') writes a profile of those
+    steps for TensorBoard.
     """
 
     # --- checks, before anything expensive -----------------------------------------------
     config.check_numbers("train", locals(), SETTINGS)  # before MODEL_DIR is touched
+    data = train_settings.built(Data, data, "data")
+    schedule = train_settings.built(Schedule, schedule, "schedule")
+    optimizer = train_settings.built(Optimizer, optimizer, "optimizer")
+    checkpointing = train_settings.built(Checkpointing, checkpointing, "checkpointing")
+    evaluation = train_settings.built(Evaluation, evaluation, "evaluation")
+    health = train_settings.built(Health, health, "health")
     model_dir = _check_model_dir(model_dir)
     # One run per MODEL_DIR (process 0 holds the lock for all), before anything is removed
     # or written there.
@@ -213,38 +173,31 @@ def train(
     watcher = preemption.PreemptionWatcher(end_start_up=end_start_up)
     bar = None
     try:
-        if tfds_data_dir:
-            seqio.set_tfds_data_dir_override(tfds_data_dir)
-        task_obj = input_pipeline.resolve_task(task)
+        if data.tfds_data_dir:
+            seqio.set_tfds_data_dir_override(data.tfds_data_dir)
+        task_obj = input_pipeline.resolve_task(data.task)
         input_pipeline.check_data_available(task_obj, "train")
-        if train_epochs:
-            train_steps = input_pipeline.steps_for_epochs(task_obj, train_epochs, batch_size)
-        if warmup_proportion is not None:
-            warmup_steps = int(train_steps * warmup_proportion)
-        phase_plan = _phase_plan(phases, task_feature_lengths, train_steps)
+        schedule = schedule.resolved(
+            lambda epochs: input_pipeline.steps_for_epochs(task_obj, epochs, data.batch_size)
+        )
+        train_steps = schedule.train_steps
+        phase_plan = data.phase_plan(train_steps)
         profile = _profile_window(profile_steps)
         model = (model_class or base.default_model_class())()
         cfg = model.config
         input_pipeline.check_vocabulary(task_obj, cfg.vocab_size)
         input_pipeline.check_num_labels(task_obj, model)
         for _, lengths in phase_plan:
-            input_pipeline.check_sequence_fits(model, lengths, pack)
+            input_pipeline.check_sequence_fits(model, lengths, data.pack)
         mesh = partitioning.make_mesh()
         rules = partitioning.logical_axis_rules(num_partitions=partitioning.model_axis_size(mesh))
         partitioning.check_rules_match_mesh(rules, mesh)
-        partitioning.check_batch_size(batch_size, mesh, num_microbatches, rules)
-        lr_fn = optimizers.learning_rate_schedule(
-            learning_rate_schedule,
-            warmup_steps,
-            learning_rate_scale,
-            constant_learning_rate,
-            peak_learning_rate,
-            train_steps,
-        )
-        tx = optimizers.make_optimizer(optimizer, lr_fn, model.frozen_modules)
+        partitioning.check_batch_size(data.batch_size, mesh, optimizer.num_microbatches, rules)
+        lr_fn = schedule.learning_rate()
+        tx = optimizers.make_optimizer(optimizer.kind, lr_fn, model.frozen_modules)
         layout = trainer.make_layout(model, tx, mesh, rules)  # abstract: cheap
         abstract = trainer.abstract_state(model, tx, layout)
-        checkpointer = train_state.Checkpointer(model_dir, keep_checkpoints)
+        checkpointer = train_state.Checkpointer(model_dir, checkpointing.keep)
         start_step = checkpointer.latest_step() or 0
         resuming = (
             f"Resuming from step {start_step}, the newest complete checkpoint."
@@ -269,13 +222,15 @@ def train(
             input_pipeline.check_resumed_vocabulary(
                 record.get("vocabularies", {}), vocabularies, model_dir, task_obj.name
             )
-        elif init_checkpoint:
+        elif checkpointing.init_checkpoint:
             params_io.check_compatible(
-                params_io.restore_config(params_io.checkpoint_directory(init_checkpoint)),
+                params_io.restore_config(
+                    params_io.checkpoint_directory(checkpointing.init_checkpoint)
+                ),
                 cfg,
-                init_checkpoint,
+                checkpointing.init_checkpoint,
             )
-        eval_tasks = evaluation.evaluable_tasks(task_obj) if metrics_eval_every else []
+        eval_tasks = evaluation.evaluable_tasks(task_obj) if evaluation.metrics_every else []
 
         print(
             f"Operative config (saved to {model_dir}/config.gin):\n{gin.operative_config_str()}",
@@ -287,7 +242,7 @@ def train(
         report = (
             f"{partitioning.describe_mesh(mesh)}; rules {list(rules)}\n{table}\n"
             f"parameters + optimizer state per device: {state_bytes:,} bytes\n"
-            f"{model_size_line(model, phase_plan[0][1], batch_size)}"
+            f"{model_size_line(model, phase_plan[0][1], data.batch_size)}"
         )
         _log(report)
         _write_text(os.path.join(model_dir, "partitioning.txt"), report + "\n")
@@ -297,11 +252,11 @@ def train(
             train_data.DataOrder(**record["data_order"]) if "data_order" in record else None
         )
         order = train_data.DataOrder(
-            task,
-            batch_size,
+            data.task,
+            data.batch_size,
             seed,
             train_data.resolve_data_shards(
-                data_shards, batch_size, jax.process_count(), saved_order
+                data.shards, data.batch_size, jax.process_count(), saved_order
             ),
         )
         if saved_order is not None and saved_order != order:
@@ -318,7 +273,7 @@ def train(
                 dataclasses.replace(order, seed=seed + first),
                 phase_plan[phase_index][1],
                 start_batch=step - first,
-                pack=pack,
+                pack=data.pack,
                 model=model,
                 restore_from=input_state.input_state_dir(model_dir, step) if step > first else None,
                 task=task_obj,
@@ -349,15 +304,15 @@ def train(
         if start_step:
             state = checkpointer.restore(abstract, start_step)
             _log(f"Resumed from the checkpoint at step {start_step} in {checkpointer.directory}")
-        elif init_checkpoint:
+        elif checkpointing.init_checkpoint:
             params = params_io.load_pretrained(
-                init_checkpoint,
+                checkpointing.init_checkpoint,
                 cfg,
                 abstract.params,
                 fresh_params=lambda: trainer.init_state(model, tx, rng, layout).params,
             )
             state = trainer.state_from_params(params, tx, layout)
-            _log(f"Fine-tuning from the parameters in {init_checkpoint}")
+            _log(f"Fine-tuning from the parameters in {checkpointing.init_checkpoint}")
         else:
             state = trainer.init_state(model, tx, rng, layout)
         train_step = trainer.make_train_step(
@@ -365,11 +320,11 @@ def train(
             tx,
             lr_fn,
             layout,
-            num_microbatches,
-            nonfinite_policy,
-            tuple(inject_nonfinite_at_steps),
+            optimizer.num_microbatches,
+            health.nonfinite_policy,
+            health.inject_nonfinite_at_steps,
         )
-        spikes = run_health.LossSpikes(loss_spike_ratio)
+        spikes = run_health.LossSpikes(health.loss_spike_ratio)
         # Non-finite steps skipped before the current log window (the window's are read with it).
         nonfinite_logged = int(record.get("nonfinite_steps", 0))
 
@@ -412,7 +367,7 @@ def train(
         writer = metric_writers.create_default_writer(
             os.path.join(model_dir, "tensorboard"), just_logging=jax.process_index() > 0
         )
-        tokens_per_batch = batch_size * sum(feature_lengths.values())
+        tokens_per_batch = data.batch_size * sum(feature_lengths.values())
         peak, peak_source = hardware.peak_flops()
         _log(f"MFU is model FLOPs per second over {peak:.4g} FLOP/s ({peak_source})")
         best = BestCheckpoints(os.path.join(model_dir, "best"))
@@ -429,7 +384,7 @@ def train(
             if _phase_at(phase_plan, step) != phase:
                 phase = _phase_at(phase_plan, step)
                 feature_lengths = dict(phase_plan[phase][1])
-                tokens_per_batch = batch_size * sum(feature_lengths.values())
+                tokens_per_batch = data.batch_size * sum(feature_lengths.values())
                 train_iter, eval_data = train_batches(phase, step), None
                 _log(
                     f"step {step:>7}  phase {phase + 1} of {len(phase_plan)}: task feature "
@@ -442,7 +397,8 @@ def train(
             with layout.context():
                 state, metrics = train_step(state, batch, rng)
             step += 1
-            if nonfinite_policy == "stop" and int(metrics["nonfinite"]):  # one scalar read per step
+            # One scalar read per step.
+            if health.nonfinite_policy == "stop" and int(metrics["nonfinite"]):
                 bar.close()
                 _stop_on_nonfinite(step, jax.device_get(metrics), state, save, checkpointer)
             if profiling and step == profile[1]:
@@ -465,31 +421,36 @@ def train(
                 elapsed = time.perf_counter() - window_start
                 summary["tokens_per_s"] = tokens_per_batch * len(window) / elapsed
                 summary["step_time_s"] = elapsed / len(window)
-                step_flops = flops.train_step_flops(model.config, feature_lengths, batch_size)
+                step_flops = flops.train_step_flops(model.config, feature_lengths, data.batch_size)
                 if step_flops:
                     summary["mfu"] = hardware.mfu(step_flops, summary["step_time_s"], peak)
                 writer.write_scalars(step, {f"train/{k}": v for k, v in summary.items()})
                 bar.set_postfix(loss=f"{summary['loss']:.3f}", refresh=False)
                 _log(f"step {step:>7}  " + _format_metrics(summary))
                 window, window_start = [], time.perf_counter()
-            if eval_every and (step % eval_every == 0 or step == train_steps):
+            if evaluation.loss_every and (step % evaluation.loss_every == 0 or step == train_steps):
                 if eval_data is None:
                     eval_data = load_eval_batches(
-                        task_obj, feature_lengths, batch_size, eval_batches, pack, model
+                        task_obj,
+                        feature_lengths,
+                        data.batch_size,
+                        evaluation.loss_batches,
+                        data.pack,
+                        model,
                     )
                 with layout.context():
                     eval_metrics = evaluate(eval_step, state.params, eval_data, layout, model)
                 if eval_metrics:
                     writer.write_scalars(step, {f"eval/{k}": v for k, v in eval_metrics.items()})
                     _log(f"step {step:>7}  eval " + _format_metrics(eval_metrics))
-            if eval_tasks and (step % metrics_eval_every == 0 or step == train_steps):
+            if eval_tasks and (step % evaluation.metrics_every == 0 or step == train_steps):
                 task_metrics = _evaluate_tasks(
                     model,
                     state.params,
                     eval_tasks,
                     feature_lengths,
-                    metrics_eval_batch_size,
-                    metrics_eval_examples,
+                    evaluation.metrics_batch_size,
+                    evaluation.metrics_examples,
                 )
                 for name, values in task_metrics.items():
                     writer.write_scalars(step, {f"eval/{name}/{k}": v for k, v in values.items()})
@@ -499,7 +460,7 @@ def train(
                     )
                 best.update(step, state.params, cfg, task_metrics)
             preempted = watcher.should_stop(step)
-            if preempted or step % checkpoint_every == 0 or step == train_steps:
+            if preempted or step % checkpointing.every == 0 or step == train_steps:
                 save(state)
             if preempted:
                 break
@@ -514,13 +475,17 @@ def train(
         writer.flush()
 
         if (
-            num_predictions
+            evaluation.num_predictions
             and not preempted
             and jax.process_index() == 0
             and model.PROMPT_FEATURE is not None
         ):
             show_predictions(
-                model, jax.device_get(state.params), task_obj, feature_lengths, num_predictions
+                model,
+                jax.device_get(state.params),
+                task_obj,
+                feature_lengths,
+                evaluation.num_predictions,
             )
         return state
     finally:
@@ -640,7 +605,7 @@ def _report_health(
     if values.get("nonfinite", 0):
         _log(
             f"step {step:>7}  non-finite {run_health.nonfinite_description(values)}: update "
-            "skipped (train.nonfinite_policy='skip')"
+            "skipped (Health.nonfinite_policy='skip')"
         )
         return
     spike = spikes.check(step, float(values["loss"]))
@@ -703,27 +668,6 @@ def _format_metrics(summary: Mapping[str, float]) -> str:
         for key in shown
         if key in summary
     )
-
-
-def _phase_plan(
-    phases: Sequence[tuple[float, Mapping[str, int]]] | None,
-    task_feature_lengths: Mapping[str, int],
-    train_steps: int,
-) -> list[tuple[int, dict[str, int]]]:
-    """[(last step of the phase (exclusive), task_feature_lengths)], checked."""
-    if not phases:
-        return [(train_steps, dict(task_feature_lengths))]
-    plan, previous = [], 0.0
-    for fraction, lengths in phases:
-        if not previous < float(fraction) <= 1.0:
-            raise errors.ConfigError(
-                f"train.phases: the end fractions must increase within (0, 1], got {phases}."
-            )
-        plan.append((int(round(float(fraction) * train_steps)), dict(lengths)))
-        previous = float(fraction)
-    if previous != 1.0:
-        raise errors.ConfigError(f"train.phases: the last phase must end at 1.0, got {previous}.")
-    return plan
 
 
 @dataclasses.dataclass

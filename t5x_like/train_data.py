@@ -2,7 +2,7 @@
 
 Exact resume needs the batch of step s to be a function of the run's configuration and s
 only, whatever happened before and however many hosts read it. So the data is cut into a
-fixed number of *data shards* (`train.data_shards`, saved in the checkpoint): shard j is
+fixed number of *data shards* (`Data.shards`, saved in the checkpoint): shard j is
 seqio's pipeline over the source's examples j, j + S, j + 2S, ... with the run's seed, and
 fills rows [j*B/S, (j+1)*B/S) of every global batch of B rows. A host reads the shards that
 cover its rows (S / hosts of them), so resuming on 4 hosts a run started on 1 (or the other
@@ -55,7 +55,7 @@ def resolve_data_shards(
     if saved is not None:
         if data_shards not in (None, saved.data_shards):
             raise ConfigError(
-                f"train.data_shards={data_shards}, but the run being resumed reads its data in "
+                f"Data.shards={data_shards}, but the run being resumed reads its data in "
                 f"{saved.data_shards} shards; a different count would change which examples "
                 f"it sees. Drop the binding (or set it to {saved.data_shards})."
             )
@@ -63,8 +63,8 @@ def resolve_data_shards(
     data_shards = process_count if data_shards is None else int(data_shards)
     if data_shards < 1 or batch_size % data_shards:
         raise ConfigError(
-            f"train.data_shards={data_shards} must be >= 1 and divide "
-            f"train.batch_size={batch_size} (each shard fills an equal block of "
+            f"Data.shards={data_shards} must be >= 1 and divide "
+            f"Data.batch_size={batch_size} (each shard fills an equal block of "
             "rows of every batch)."
         )
     if data_shards % process_count:
@@ -72,10 +72,10 @@ def resolve_data_shards(
             f"This run reads its data in {data_shards} shards, which {process_count} processes "
             f"cannot split evenly. Run on a number of hosts that divides {data_shards}"
             + (
-                " (the count is fixed when a run starts: set train.data_shards to a multiple of "
+                " (the count is fixed when a run starts: set Data.shards to a multiple of "
                 "every host count you may use)."
                 if saved is not None
-                else ", or set train.data_shards to a multiple of the process count."
+                else ", or set Data.shards to a multiple of the process count."
             )
         )
     return data_shards

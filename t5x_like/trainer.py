@@ -155,7 +155,7 @@ def make_train_step(
     """
     if nonfinite_policy not in NONFINITE_POLICIES:
         raise ConfigError(
-            f"train.nonfinite_policy={nonfinite_policy!r}: choose one of "
+            f"Health.nonfinite_policy={nonfinite_policy!r}: choose one of "
             f"{', '.join(NONFINITE_POLICIES)}."
         )
 

@@ -31,8 +31,8 @@ def _train(tmp_path, *args, files=("--gin_file=gin_configs/runs/quickstart.gin",
         argv
         + [
             "--gin.TRAIN_STEPS=2",
-            "--gin.train.eval_every=0",
-            "--gin.train.num_predictions=0",
+            "--gin.Evaluation.loss_every=0",
+            "--gin.Evaluation.num_predictions=0",
             *args,
         ]
     )
@@ -92,7 +92,7 @@ def test_checkpoint_of_another_family(tmp_path, capsys):
         intermediate_size=32,
     )
     _save_tiny(tmp_path / "gpt", gpt)
-    assert _train(tmp_path, f"--gin.train.init_checkpoint='{tmp_path}/gpt'") == 2
+    assert _train(tmp_path, f"--gin.Checkpointing.init_checkpoint='{tmp_path}/gpt'") == 2
     assert (
         "is a GPTConfig model, not a T5Config one; use a model gin file of its family"
         in _refused(capsys)
@@ -111,7 +111,7 @@ def test_checkpoint_of_another_size_or_vocabulary(tmp_path, capsys):
     _save_tiny(tmp_path / "gpt", gpt)
     code = _train(
         tmp_path,
-        f"--gin.train.init_checkpoint='{tmp_path}/gpt'",
+        f"--gin.Checkpointing.init_checkpoint='{tmp_path}/gpt'",
         "--gin.GPTConfig.vocab_size=4096",
         "--gin.GPTConfig.hidden_size=32",
         files=GPT_TINY,
@@ -127,13 +127,13 @@ def test_sequence_longer_than_the_position_table(tmp_path, capsys):
     code = _train(
         tmp_path,
         "--gin.GPTConfig.max_position_embeddings=64",
-        "--gin.train.task_feature_lengths={'targets': 128}",
+        "--gin.Data.task_feature_lengths={'targets': 128}",
         files=GPT_TINY,
         tiny=False,
     )
     assert code == 2
     assert (
-        "train.task_feature_lengths={'targets': 128} makes sequences of 128 tokens, but the "
+        "Data.task_feature_lengths={'targets': 128} makes sequences of 128 tokens, but the "
         "model has 64 learned positions (GPTConfig.max_position_embeddings)"
     ) in _refused(capsys)
 
@@ -220,9 +220,9 @@ def test_non_utf8_line_in_a_text_source(tmp_path, capsys):
 
 
 def test_batch_size_not_divisible_by_data_parallel_size_or_microbatches(tmp_path, capsys):
-    assert _train(tmp_path, "--gin.train.batch_size=12") == 2
+    assert _train(tmp_path, "--gin.Data.batch_size=12") == 2
     assert "batch_size=12 must be divisible by data-parallel size (8" in _refused(capsys)
-    assert _train(tmp_path, "--gin.train.num_microbatches=3") == 2
+    assert _train(tmp_path, "--gin.Optimizer.num_microbatches=3") == 2
     assert "x num_microbatches (3) = 24" in _refused(capsys)
 
 

@@ -377,14 +377,14 @@ def test_fine_tuning_recipe_runs_and_scores_validation(
         + [
             f"MODEL_DIR={model_dir}",
             f"bert_vocab_path.path={data_dir / 'vocab.txt'}",
-            "train.train_epochs=None",
+            "Schedule.train_epochs=None",
             "TRAIN_STEPS=3",
             "BATCH_SIZE=8",
-            "train.task_feature_lengths={'inputs': 32}",
-            "train.metrics_eval_every=3",
-            "train.metrics_eval_batch_size=4",
+            "Data.task_feature_lengths={'inputs': 32}",
+            "Evaluation.metrics_every=3",
+            "Evaluation.metrics_batch_size=4",
             "train.log_every=3",
-            "train.checkpoint_every=3",
+            "Checkpointing.every=3",
         ],
     )
     state = train.train()

@@ -126,13 +126,13 @@ def test_tiny_two_phase_pretraining_run_lowers_the_masked_lm_loss(tmp_path, caps
             f"MODEL_DIR={model_dir}",
             "TRAIN_STEPS=50",
             "BATCH_SIZE=16",
-            "train.phases=((0.8, {'inputs': 64, 'targets': 10}), (1.0, {'inputs': 128, "
+            "Data.phases=((0.8, {'inputs': 64, 'targets': 10}), (1.0, {'inputs': 128, "
             "'targets': 20}))",
             "train.log_every=10",
-            "train.eval_every=50",
-            "train.checkpoint_every=45",
-            "train.peak_learning_rate=2e-3",
-            "train.warmup_steps=5",
+            "Evaluation.loss_every=50",
+            "Checkpointing.every=45",
+            "Schedule.peak_learning_rate=2e-3",
+            "Schedule.warmup_steps=5",
         ],
     )
     state = train.train()
@@ -207,16 +207,16 @@ def test_fine_tuning_imported_minilm_beats_chance_on_offline_word_order(tmp_path
         "BertConfig.num_heads=12",
         "BertConfig.intermediate_size=1536",
         "BertConfig.vocab_size=30522",
-        "train.train_epochs=None",
+        "Schedule.train_epochs=None",
         "TRAIN_STEPS=30",
         "BATCH_SIZE=16",
         "LEARNING_RATE=1e-4",
-        "train.task_feature_lengths={'inputs': 32}",
-        "train.warmup_proportion=0.1",
-        "train.metrics_eval_every=30",
-        "train.metrics_eval_examples=128",
+        "Data.task_feature_lengths={'inputs': 32}",
+        "Schedule.warmup_proportion=0.1",
+        "Evaluation.metrics_every=30",
+        "Evaluation.metrics_examples=128",
         "train.log_every=15",
-        "train.checkpoint_every=30",
+        "Checkpointing.every=30",
     ]
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
     run = subprocess.run(

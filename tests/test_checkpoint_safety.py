@@ -21,9 +21,9 @@ def _run(model_dir, steps, *extra):
         + [
             f"--gin.MODEL_DIR={model_dir}",
             f"--gin.TRAIN_STEPS={steps}",
-            "--gin.train.eval_every=0",
-            "--gin.train.num_predictions=0",
-            "--gin.train.checkpoint_every=2",
+            "--gin.Evaluation.loss_every=0",
+            "--gin.Evaluation.num_predictions=0",
+            "--gin.Checkpointing.every=2",
             *extra,
         ]
     )
@@ -164,7 +164,7 @@ def test_a_step_without_manifest_is_not_trusted_and_the_run_resumes_before_it(
 @pytest.mark.slow  # a training run
 def test_pruning_keeps_the_newest_verified_steps(tmp_path):
     model_dir = tmp_path / "run"
-    assert _run(model_dir, 8, "--gin.train.keep_checkpoints=2") == 0
+    assert _run(model_dir, 8, "--gin.Checkpointing.keep=2") == 0
     assert sorted(os.listdir(model_dir / "checkpoints"), key=int) == ["6", "8"]
 
 
@@ -194,10 +194,10 @@ def test_kill_9_in_the_middle_of_a_save_then_rerun_resumes_from_a_complete_step(
             + [
                 f"MODEL_DIR={model_dir}",
                 f"TRAIN_STEPS={steps}",
-                "train.eval_every=0",
-                "train.num_predictions=0",
-                "train.checkpoint_every=1",
-                "train.keep_checkpoints=3",
+                "Evaluation.loss_every=0",
+                "Evaluation.num_predictions=0",
+                "Checkpointing.every=1",
+                "Checkpointing.keep=3",
             ]
         ]
 

@@ -293,8 +293,8 @@ def tiny_run_log(tmp_path_factory):
         f"MODEL_DIR={model_dir}",
         "TRAIN_STEPS=2",
         "train.log_every=1",
-        "train.eval_every=0",
-        "train.num_predictions=0",
+        "Evaluation.loss_every=0",
+        "Evaluation.num_predictions=0",
     ]
     env = {
         k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "JAX_PLATFORMS")

@@ -99,7 +99,7 @@ def test_a_run_gin_file_loads_as_a_model_config():
 @pytest.mark.parametrize(
     "entry,binding,refusal",
     [
-        ("train", "train.batch_size=8", "No model directory"),
+        ("train", "Data.batch_size=8", "No model directory"),
         ("eval", "evaluate.batch_size=8", "No checkpoint"),
         ("infer", "infer.batch_size=8", "infer.task"),
     ],

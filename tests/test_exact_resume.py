@@ -153,7 +153,7 @@ def test_data_shards_are_checked_before_any_work():
     saved = train_data.DataOrder("t", 8, 0, 4)
     assert train_data.resolve_data_shards(None, 8, 1) == 1
     assert train_data.resolve_data_shards(None, 8, 2, saved) == 4
-    with pytest.raises(ConfigError, match="must be >= 1 and divide train.batch_size=8"):
+    with pytest.raises(ConfigError, match="must be >= 1 and divide Data.batch_size=8"):
         train_data.resolve_data_shards(3, 8, 1)
     with pytest.raises(ConfigError, match="4 shards, which 3 processes cannot split evenly"):
         train_data.resolve_data_shards(None, 12, 3, saved)
@@ -165,9 +165,9 @@ def _command(model_dir, steps):
     bindings = TINY_RUN + [
         f"MODEL_DIR={model_dir}",
         f"TRAIN_STEPS={steps}",
-        "train.eval_every=0",
-        "train.num_predictions=0",
-        "train.checkpoint_every=4",
+        "Evaluation.loss_every=0",
+        "Evaluation.num_predictions=0",
+        "Checkpointing.every=4",
         "train.log_every=1",
         "T5Config.dropout_rate=0.1",
     ]  # dropout: the rng must resume too
@@ -278,7 +278,7 @@ def test_a_run_resumed_on_two_hosts_sees_the_same_batches_as_on_one(tmp_path):
     def command(model_dir, steps):
         return _command(model_dir, steps)[:-1] + [  # (no dropout: same masks either way)
             "--gin.T5Config.dropout_rate=0.0",
-            "--gin.train.data_shards=2",
+            "--gin.Data.shards=2",
         ]
 
     env = {**_env(), "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}

@@ -76,12 +76,12 @@ def test_finetune_improves_the_metric_and_keeps_the_best(untrained, tmp_path):
             "--gin.TASK=offline_first_word",
             "--gin.TRAIN_STEPS=160",
             "--gin.BATCH_SIZE=32",
-            f"--gin.train.task_feature_lengths={LENGTHS}",
-            "--gin.train.constant_learning_rate=0.01",
-            "--gin.train.metrics_eval_every=80",
-            "--gin.train.metrics_eval_examples=64",
-            "--gin.train.eval_every=0",
-            "--gin.train.checkpoint_every=80",
+            f"--gin.Data.task_feature_lengths={LENGTHS}",
+            "--gin.Schedule.constant_learning_rate=0.01",
+            "--gin.Evaluation.metrics_every=80",
+            "--gin.Evaluation.metrics_examples=64",
+            "--gin.Evaluation.loss_every=0",
+            "--gin.Checkpointing.every=80",
             "--gin.train.log_every=40",
         ]
     )

@@ -245,7 +245,7 @@ def test_a_new_family_trains_two_steps_and_checkpoints_with_no_edit_of_the_core(
     import seqio
 
     import tasks  # noqa: F401 - registers offline_lm
-    from t5x_like import train
+    from t5x_like import train, train_settings
     from t5x_like.checkpoints import train_state
 
     vocab = seqio.get_mixture_or_task("offline_lm").output_features["targets"].vocabulary
@@ -253,17 +253,17 @@ def test_a_new_family_trains_two_steps_and_checkpoints_with_no_edit_of_the_core(
     model_dir = tmp_path / "toy"
     state = train.train(
         model_dir=str(model_dir),
-        task="offline_lm",
-        task_feature_lengths={"targets": 16},
-        batch_size=8,  # one example per simulated device (tests/conftest.py)
-        train_steps=2,
-        pack=False,
         model_class=lambda: ToyModel(config),
-        optimizer="adamw",
-        learning_rate_schedule="constant",
-        eval_every=0,
-        num_predictions=0,
-        checkpoint_every=2,
+        data=train_settings.Data(
+            task="offline_lm",
+            task_feature_lengths={"targets": 16},
+            batch_size=8,  # one example per simulated device (tests/conftest.py)
+            pack=False,
+        ),
+        schedule=train_settings.Schedule(kind="constant", train_steps=2),
+        optimizer=train_settings.Optimizer(kind="adamw"),
+        checkpointing=train_settings.Checkpointing(every=2),
+        evaluation=train_settings.Evaluation(loss_every=0, num_predictions=0),
         log_every=1,
     )
     assert int(state.step) == 2

@@ -79,9 +79,9 @@ def test_two_process_training_run_logs_process_ids_and_one_writer(tmp_path):
         f"--gin.MODEL_DIR={model_dir}",
         "--gin.TRAIN_STEPS=4",
         "--gin.train.log_every=2",
-        "--gin.train.eval_every=0",
-        "--gin.train.num_predictions=0",
-        "--gin.train.checkpoint_every=4",
+        "--gin.Evaluation.loss_every=0",
+        "--gin.Evaluation.num_predictions=0",
+        "--gin.Checkpointing.every=4",
     ]
     procs = []
     for i in range(2):

@@ -95,10 +95,10 @@ def _run(tmp_path, *bindings):
         + [f"--gin.{b}" for b in TINY_RUN]
         + [
             f"--gin.MODEL_DIR={tmp_path}/run",
-            "--gin.train.eval_every=0",
-            "--gin.train.num_predictions=0",
+            "--gin.Evaluation.loss_every=0",
+            "--gin.Evaluation.num_predictions=0",
             "--gin.train.log_every=2",
-            "--gin.train.checkpoint_every=100",
+            "--gin.Checkpointing.every=100",
             *bindings,
         ]
     )
@@ -106,7 +106,7 @@ def _run(tmp_path, *bindings):
 
 @pytest.mark.slow  # a training run (the default suite must stay under 15 minutes)
 def test_stop_policy_saves_the_last_good_state_and_names_step_and_metric(tmp_path, capsys):
-    code = _run(tmp_path, "--gin.TRAIN_STEPS=8", "--gin.train.inject_nonfinite_at_steps=(5,)")
+    code = _run(tmp_path, "--gin.TRAIN_STEPS=8", "--gin.Health.inject_nonfinite_at_steps=(5,)")
     assert code == 3
     err = capsys.readouterr().err
     assert "step 5: non-finite loss nan, grad_norm nan; training stopped" in err
@@ -119,8 +119,8 @@ def test_skip_policy_drops_the_update_counts_it_and_goes_on(tmp_path, capsys):
     code = _run(
         tmp_path,
         "--gin.TRAIN_STEPS=6",
-        "--gin.train.inject_nonfinite_at_steps=(3,)",
-        "--gin.train.nonfinite_policy=skip",
+        "--gin.Health.inject_nonfinite_at_steps=(3,)",
+        "--gin.Health.nonfinite_policy=skip",
     )
     assert code == 0
     out = capsys.readouterr().out

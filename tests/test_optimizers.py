@@ -244,7 +244,7 @@ def test_an_unknown_optimizer_name_says_how_to_bind_one():
 
 
 def test_a_run_trains_with_an_optimizer_and_schedule_bound_in_gin(tmp_path, capsys):
-    """`train.optimizer=@plain_sgd` and `train.learning_rate_schedule=@halving`, configured by
+    """`Optimizer.kind=@plain_sgd` and `Schedule.kind=@halving`, configured by
     gin and unknown to `train`, drive a tiny run: each logged learning rate is the mean of
     `halving(8 steps, start 0.05)` over the logged steps, by hand (0.05, 0.05, 0.025, 0.025)
     -> 3.75e-02 at step 4 and (0.0125, 0.0125, 0.00625, 0.00625) -> 9.38e-03 at step 8."""
@@ -258,14 +258,14 @@ def test_a_run_trains_with_an_optimizer_and_schedule_bound_in_gin(tmp_path, caps
         + [
             f"MODEL_DIR={tmp_path / 'run'}",
             "TRAIN_STEPS=8",
-            "train.optimizer=@plain_sgd",
+            "Optimizer.kind=@plain_sgd",
             "plain_sgd.momentum=0.9",
-            "train.learning_rate_schedule=@halving",
+            "Schedule.kind=@halving",
             "halving.start=0.05",
             "train.log_every=4",
-            "train.eval_every=0",
-            "train.num_predictions=0",
-            "train.checkpoint_every=100",
+            "Evaluation.loss_every=0",
+            "Evaluation.num_predictions=0",
+            "Checkpointing.every=100",
         ],
     )
     try:

@@ -111,10 +111,10 @@ def test_planner_takes_the_runs_settings_from_its_gin_file(tmp_path):
     micro-batches and optimizer, where a flag does not override them (here --targets)."""
     run_gin = tmp_path / "run.gin"
     run_gin.write_text(
-        "train.batch_size = 4\n"
-        "train.task_feature_lengths = {'inputs': 16, 'targets': 4}\n"
-        "train.num_microbatches = 2\n"
-        "train.optimizer = 'adamw'\n"
+        "Data.batch_size = 4\n"
+        "Data.task_feature_lengths = {'inputs': 16, 'targets': 4}\n"
+        "Optimizer.num_microbatches = 2\n"
+        "Optimizer.kind = 'adamw'\n"
     )
     result, plan = _plan(
         tmp_path, "--num_devices=2", f"--gin_file={run_gin}", shape=("--targets=6",)
@@ -131,7 +131,7 @@ def test_planner_takes_the_runs_settings_from_its_gin_file(tmp_path):
 def test_planner_defaults_and_other_model_classes():
     from t5x_like.errors import ConfigError
     from t5x_like.families.bert.model import BertPretrainingModel
-    from t5x_like.plan import RUN_DEFAULTS, _parse_args, _with_run_settings
+    from t5x_like.plan import _parse_args, _with_run_settings, run_defaults
 
     args = _with_run_settings(_parse_args(["--inputs=64"]), {})
     assert (args.batch_size, args.inputs, args.targets, args.num_microbatches, args.optimizer) == (
@@ -141,19 +141,18 @@ def test_planner_defaults_and_other_model_classes():
         1,
         "adafactor",
     )
-    # The planner's defaults are the trainer's.
-    import inspect
+    # The trainer builds its groups with the same defaults when nothing is bound: the T5
+    # paper's baseline (section 3.1.2: 128 sequences of 512 input and 114 target tokens,
+    # AdaFactor) that the planner's flags fall back to.
+    from t5x_like.train_settings import Data, Optimizer
 
-    from t5x_like import train
-
-    defaults = {k: p.default for k, p in inspect.signature(train.train).parameters.items()}
-    lengths = dict(defaults["task_feature_lengths"])
-    assert RUN_DEFAULTS == {
-        "batch_size": defaults["batch_size"],
-        "inputs": lengths["inputs"],
-        "targets": lengths["targets"],
-        "num_microbatches": defaults["num_microbatches"],
-        "optimizer": defaults["optimizer"],
+    data, optimizer = Data(), Optimizer()
+    assert run_defaults() == {
+        "batch_size": data.batch_size,
+        "inputs": data.task_feature_lengths["inputs"],
+        "targets": data.task_feature_lengths["targets"],
+        "num_microbatches": optimizer.num_microbatches,
+        "optimizer": optimizer.kind,
     }
     with pytest.raises(ConfigError, match="trains BertPretrainingModel"):
         _with_run_settings(_parse_args([]), {"model_class": BertPretrainingModel})

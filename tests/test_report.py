@@ -22,8 +22,8 @@ def test_profiled_run_then_report(tmp_path, capsys, monkeypatch):
                 *[f"--gin.{b}" for b in TINY_RUN],
                 f"--gin.MODEL_DIR={model_dir}",
                 "--gin.TRAIN_STEPS=10",
-                "--gin.train.eval_every=5",
-                "--gin.train.num_predictions=0",
+                "--gin.Evaluation.loss_every=5",
+                "--gin.Evaluation.num_predictions=0",
             ]
         )
         == 0

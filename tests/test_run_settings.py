@@ -22,9 +22,9 @@ def _train(model_dir, *args, steps=2):
         + [
             f"--gin.MODEL_DIR={model_dir}",
             f"--gin.TRAIN_STEPS={steps}",
-            "--gin.train.eval_every=0",
-            "--gin.train.num_predictions=0",
-            "--gin.train.checkpoint_every=2",
+            "--gin.Evaluation.loss_every=0",
+            "--gin.Evaluation.num_predictions=0",
+            "--gin.Checkpointing.every=2",
             *args,
         ]
     )
@@ -39,12 +39,15 @@ def _tree(path):
 @pytest.mark.parametrize(
     "binding,message",
     [
-        ("TRAIN_STEPS=abc", "--gin.train.train_steps must be an integer >= 1, not 'abc'"),
-        ("train.batch_size=-4", "--gin.train.batch_size must be >= 1, not -4"),
-        ("train.batch_size=0", "--gin.train.batch_size must be >= 1, not 0"),
-        ("train.keep_checkpoints=0", "--gin.train.keep_checkpoints must be >= 1, not 0"),
-        ("train.warmup_proportion=1.5", "--gin.train.warmup_proportion must be >= 0 <= 1, not 1.5"),
-        ("train.peak_learning_rate=0", "--gin.train.peak_learning_rate must be > 0, not 0"),
+        ("TRAIN_STEPS=abc", "--gin.Schedule.train_steps must be an integer >= 1, not 'abc'"),
+        ("Data.batch_size=-4", "--gin.Data.batch_size must be >= 1, not -4"),
+        ("Data.batch_size=0", "--gin.Data.batch_size must be >= 1, not 0"),
+        ("Checkpointing.keep=0", "--gin.Checkpointing.keep must be >= 1, not 0"),
+        (
+            "Schedule.warmup_proportion=1.5",
+            "--gin.Schedule.warmup_proportion must be >= 0 <= 1, not 1.5",
+        ),
+        ("Schedule.peak_learning_rate=0", "--gin.Schedule.peak_learning_rate must be > 0, not 0"),
     ],
 )
 def test_a_bad_setting_is_one_line_and_writes_nothing(tmp_path, capsys, binding, message):
@@ -101,7 +104,7 @@ def test_a_resume_with_another_vocabulary_is_refused_naming_both(
     model_dir = tmp_path / "run"
     assert _train(model_dir) == 0
     capsys.readouterr()
-    assert _train(model_dir, f"--gin.train.task='{name}'", steps=4) == 2
+    assert _train(model_dir, f"--gin.Data.task='{name}'", steps=4) == 2
     err = capsys.readouterr().err
     assert "was trained with the 'inputs' vocabulary SentencePiece" in err
     assert offline_corpus.vocabulary_path() in err and other_file in err

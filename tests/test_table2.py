@@ -30,7 +30,7 @@ def _model(name: str, *extra_files: str):
     gin.clear_config()
     gin_setup.parse_gin([os.path.join(TABLE2, f"{name}.gin"), *extra_files], [])
     model_class = gin.query_parameter("train.model_class").scoped_configurable_fn
-    lengths = gin.query_parameter("train.task_feature_lengths")
+    lengths = gin.query_parameter("Data.task_feature_lengths")
     lengths = {
         k: int(v.scoped_configurable_fn() if hasattr(v, "scoped_configurable_fn") else v)
         for k, v in lengths.items()
@@ -202,8 +202,8 @@ def test_every_row_trains_at_tiny_size_on_the_offline_corpus(row, tmp_path):
             "--gin.TRAIN_STEPS=20",
             "--gin.BATCH_SIZE=16",
             "--gin.train.log_every=10",
-            "--gin.train.eval_every=0",
-            "--gin.train.num_predictions=1",
+            "--gin.Evaluation.loss_every=0",
+            "--gin.Evaluation.num_predictions=1",
         ],
         cwd=ROOT,
         env=env,

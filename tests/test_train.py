@@ -25,10 +25,10 @@ TINY_RUN = [
     "T5Config.mlp_activations=('gelu', 'linear')",
     "T5Config.logits_via_embedding=False",
     "T5Config.dropout_rate=0.0",
-    "train.task_feature_lengths={'inputs': 64, 'targets': 16}",
-    "train.batch_size=8",
-    "train.eval_batches=1",
-    "train.num_predictions=2",
+    "Data.task_feature_lengths={'inputs': 64, 'targets': 16}",
+    "Data.batch_size=8",
+    "Evaluation.loss_batches=1",
+    "Evaluation.num_predictions=2",
     "train.log_every=5",
 ]
 
@@ -48,8 +48,8 @@ def test_short_run_loss_falls_and_saves(tmp_path, capsys):
         + [
             f"MODEL_DIR={model_dir}",
             "TRAIN_STEPS=40",
-            "train.eval_every=40",
-            "train.checkpoint_every=20",
+            "Evaluation.loss_every=40",
+            "Checkpointing.every=20",
         ],
     )
     train.train()
@@ -71,9 +71,9 @@ def _train_cmd(model_dir, steps, every=5):
     bindings = TINY_RUN + [
         f"MODEL_DIR={model_dir}",
         f"TRAIN_STEPS={steps}",
-        "train.eval_every=0",
-        "train.num_predictions=0",
-        f"train.checkpoint_every={every}",
+        "Evaluation.loss_every=0",
+        "Evaluation.num_predictions=0",
+        f"Checkpointing.every={every}",
     ]
     return [
         sys.executable,
@@ -126,8 +126,8 @@ def test_resume_with_another_model_is_refused(tmp_path, capsys):
         + [
             f"MODEL_DIR={model_dir}",
             "TRAIN_STEPS=2",
-            "train.eval_every=0",
-            "train.num_predictions=0",
+            "Evaluation.loss_every=0",
+            "Evaluation.num_predictions=0",
             "T5Config.scan_layers=True",
         ],
     )
@@ -235,8 +235,8 @@ def test_the_run_looks_its_task_up_once(tmp_path, monkeypatch):
             f"MODEL_DIR={tmp_path / 'run'}",
             f"TASK='{task}'",
             "TRAIN_STEPS=2",
-            "train.eval_every=2",
-            "train.checkpoint_every=100",
+            "Evaluation.loss_every=2",
+            "Checkpointing.every=100",
         ],
     )
     try:

@@ -202,7 +202,7 @@ class Checkpointer:
             why = f"{type(error).__name__}: {first_line}"
         resume = (
             f"Checkpoints up to step {verified[-1]} are intact: free space (or move "
-            "MODEL_DIR, or lower --gin.train.keep_checkpoints) and rerun the same command "
+            "MODEL_DIR, or lower --gin.Checkpointing.keep) and rerun the same command "
             f"to resume from step {verified[-1]}."
             if verified
             else "No earlier checkpoint exists: free space and rerun."

@@ -278,7 +278,7 @@ def check_targets_length(
             f"The {objective} objective at inputs length {sequence_length['inputs']} (noise "
             f"{noise_density}, mean span {mean_noise_span_length}) makes targets of up to "
             f"{needed} tokens with EOS, but the targets length is {have}: {how}. Set the "
-            f"targets length to at least {needed} (e.g. --gin.train.task_feature_lengths="
+            f"targets length to at least {needed} (e.g. --gin.Data.task_feature_lengths="
             f"\"{{'inputs': {sequence_length['inputs']}, 'targets': {needed}}}\")."
         )
 
