@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import os
-from typing import TYPE_CHECKING, Mapping, TypeAlias
+from typing import TYPE_CHECKING, Mapping, TypeAlias, TypeVar
 
 import jax
 import seqio
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 # (`resolve_task`) and hands the object on; the functions here and in `evaluation` and
 # `train_data` take either, so a name is looked up only where a caller has nothing else.
 TaskLike: TypeAlias = str | seqio.Task | seqio.Mixture
+B = TypeVar("B")  # a batch, whatever its type
 
 
 def resolve_task(name: TaskLike) -> seqio.Task | seqio.Mixture:
@@ -267,9 +268,10 @@ def check_sequence_fits(
 
 
 def check_not_empty(
-    first_batch, task_name: str, split: str, task_feature_lengths: Mapping[str, int]
-) -> None:
-    """`first_batch` is None when the pipeline gave nothing: say why it may be, now."""
+    first_batch: B | None, task_name: str, split: str, task_feature_lengths: Mapping[str, int]
+) -> B:
+    """`first_batch` itself; it is None when the pipeline gave nothing: say why it may be,
+    now."""
     if first_batch is None:
         raise ConfigError(
             f"Task {task_name!r} gives no {split!r} examples at {dict(task_feature_lengths)}: "
@@ -277,6 +279,7 @@ def check_not_empty(
             "(e.g. all texts too short, or every line blank). Check the data files and the "
             "task's filters."
         )
+    return first_batch
 
 
 def steps_for_epochs(

@@ -4,9 +4,10 @@
         --gin_file=gin_configs/runs/pretrain.gin --gin.MODEL_DIR=/tmp/run --gin.TRAIN_STEPS=1000
 
 Later files override earlier ones and `--gin.KEY=VALUE` bindings override files; plain strings
-need no quotes. The run reads like a recipe, in sections: checks -> mesh -> data -> model ->
-optimizer -> checkpoint (resume) -> loop -> predictions. Rerunning the same command resumes
-from the newest checkpoint in MODEL_DIR.
+need no quotes. The run reads like a recipe, in sections: settings -> task -> model -> mesh ->
+optimizer -> checkpoint (where to start) -> data -> state -> loop -> predictions; the loop's
+state lives in `_Training`, not in closures. Rerunning the same command resumes from the newest
+checkpoint in MODEL_DIR.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, NoReturn, Sequence, cast
 
 import gin
 import jax
@@ -37,7 +38,6 @@ from t5x_like import (
     config,
     decoding,
     errors,
-    evaluation,
     flops,
     hardware,
     input_pipeline,
@@ -52,10 +52,14 @@ from t5x_like import (
     train_settings,
     trainer,
 )
+
+# `evaluation` is train's group of evaluation settings; the module is `task_eval` here.
+from t5x_like import evaluation as task_eval
 from t5x_like.checkpoints import input_state, params_io, train_state
 from t5x_like.checkpoints.best import BestCheckpoints
 from t5x_like.models import base
 from t5x_like.models.base import Model
+from t5x_like.phased_input import PhasedInput
 from t5x_like.train_settings import Checkpointing, Data, Evaluation, Health, Optimizer, Schedule
 
 
@@ -143,12 +147,12 @@ def train(
 
     `model_class` builds the model: T5's encoder-decoder unless bound
     (`base.DEFAULT_MODEL_CLASS`), or another family's (`@BertPretrainingModel`,
-    `@BertClassifierModel`, ...). `profile_steps` ('START-END') writes a profile of those
+    `@BertClassifierModel`, ...). `profile_steps` ('START:END') writes a profile of those
     steps for TensorBoard.
     """
 
-    # --- checks, before anything expensive -----------------------------------------------
-    config.check_numbers("train", locals(), SETTINGS)  # before MODEL_DIR is touched
+    # --- settings, checked before anything is touched ------------------------------------
+    config.check_numbers("train", locals(), SETTINGS)
     data = train_settings.built(Data, data, "data")
     schedule = train_settings.built(Schedule, schedule, "schedule")
     optimizer = train_settings.built(Optimizer, optimizer, "optimizer")
@@ -171,8 +175,9 @@ def train(
             lock.release()
 
     watcher = preemption.PreemptionWatcher(end_start_up=end_start_up)
-    bar = None
+    run: _Training | None = None
     try:
+        # --- task: resolved once, then everything that could refuse it, before any state
         if data.tfds_data_dir:
             seqio.set_tfds_data_dir_override(data.tfds_data_dir)
         task_obj = input_pipeline.resolve_task(data.task)
@@ -180,45 +185,36 @@ def train(
         schedule = schedule.resolved(
             lambda epochs: input_pipeline.steps_for_epochs(task_obj, epochs, data.batch_size)
         )
-        train_steps = schedule.train_steps
-        phase_plan = data.phase_plan(train_steps)
+        phase_plan = data.phase_plan(schedule.train_steps)
         profile = _profile_window(profile_steps)
+
+        # --- model -----------------------------------------------------------------------
         model = (model_class or base.default_model_class())()
-        cfg = model.config
-        input_pipeline.check_vocabulary(task_obj, cfg.vocab_size)
+        input_pipeline.check_vocabulary(task_obj, model.config.vocab_size)
         input_pipeline.check_num_labels(task_obj, model)
         for _, lengths in phase_plan:
             input_pipeline.check_sequence_fits(model, lengths, data.pack)
+
+        # --- mesh ------------------------------------------------------------------------
         mesh = partitioning.make_mesh()
         rules = partitioning.logical_axis_rules(num_partitions=partitioning.model_axis_size(mesh))
         partitioning.check_rules_match_mesh(rules, mesh)
         partitioning.check_batch_size(data.batch_size, mesh, optimizer.num_microbatches, rules)
+
+        # --- optimizer -------------------------------------------------------------------
         lr_fn = schedule.learning_rate()
         tx = optimizers.make_optimizer(optimizer.kind, lr_fn, model.frozen_modules)
         layout = trainer.make_layout(model, tx, mesh, rules)  # abstract: cheap
         abstract = trainer.abstract_state(model, tx, layout)
+
+        # --- checkpoint: where the run starts --------------------------------------------
         checkpointer = train_state.Checkpointer(model_dir, checkpointing.keep)
         start_step = checkpointer.latest_step() or 0
-        resuming = (
-            f"Resuming from step {start_step}, the newest complete checkpoint."
-            if start_step
-            else "There is no complete checkpoint: starting afresh."
-        )
-        for leftover in checkpointer.interrupted_saves:
-            _log(
-                f"Ignoring {leftover} in {checkpointer.directory}: a save that was interrupted "
-                f"before it completed (removed now). {resuming}"
-            )
-        for step in checkpointer.unverified_saves:
-            _log(
-                f"Ignoring step {step} in {checkpointer.directory}: it has no manifest (the "
-                "run stopped before it was written), so it cannot be checked (removed now). "
-                f"{resuming}"
-            )
+        _log_discarded_saves(checkpointer, start_step)
         vocabularies = input_pipeline.task_vocabularies(task_obj)
         record = checkpointer.restore_record(start_step) if start_step else {}
         if start_step:
-            _check_resume_config(checkpointer, cfg)
+            _check_resume_config(checkpointer, model.config)
             input_pipeline.check_resumed_vocabulary(
                 record.get("vocabularies", {}), vocabularies, model_dir, task_obj.name
             )
@@ -227,79 +223,37 @@ def train(
                 params_io.restore_config(
                     params_io.checkpoint_directory(checkpointing.init_checkpoint)
                 ),
-                cfg,
+                model.config,
                 checkpointing.init_checkpoint,
             )
-        eval_tasks = evaluation.evaluable_tasks(task_obj) if evaluation.metrics_every else []
-
-        print(
-            f"Operative config (saved to {model_dir}/config.gin):\n{gin.operative_config_str()}",
-            flush=True,
+        eval_tasks = task_eval.evaluable_tasks(task_obj) if evaluation.metrics_every else []
+        _write_start_up_report(
+            model_dir, mesh, rules, layout, abstract, model, phase_plan[0][1], data.batch_size
         )
-        _write_text(os.path.join(model_dir, "config.gin"), gin.operative_config_str())
-        table, _ = partitioning.parameter_table(layout.boxed_params, layout.state_shardings.params)
-        state_bytes = partitioning.state_bytes_per_device(abstract, layout.state_shardings)
-        report = (
-            f"{partitioning.describe_mesh(mesh)}; rules {list(rules)}\n{table}\n"
-            f"parameters + optimizer state per device: {state_bytes:,} bytes\n"
-            f"{model_size_line(model, phase_plan[0][1], data.batch_size)}"
-        )
-        _log(report)
-        _write_text(os.path.join(model_dir, "partitioning.txt"), report + "\n")
 
-        # --- data --------------------------------------------------------------------------
-        saved_order = (
-            train_data.DataOrder(**record["data_order"]) if "data_order" in record else None
+        # --- data ------------------------------------------------------------------------
+        order = _data_order(data, seed, record)
+        train_input = PhasedInput(
+            order,
+            phase_plan,
+            pack=data.pack,
+            model=model,
+            model_dir=model_dir,
+            task=task_obj,
+            log=_log,
         )
-        order = train_data.DataOrder(
-            data.task,
-            data.batch_size,
-            seed,
-            train_data.resolve_data_shards(
-                data.shards, data.batch_size, jax.process_count(), saved_order
-            ),
+        train_iter = train_input.batches_from(start_step)
+        # The first batch before the state is built: an empty task fails now.
+        first_batch = input_pipeline.check_not_empty(
+            next(train_iter, None),
+            task_obj.name,
+            "train",
+            train_input.feature_lengths(train_input.phase_at(start_step)),
         )
-        if saved_order is not None and saved_order != order:
-            _log(
-                f"Note: the interrupted run read {saved_order}; this one reads {order}, so the "
-                "batches from here on differ from the ones it would have seen."
-            )
-
-        def train_batches(phase_index: int, step: int) -> train_data.HostBatches:
-            """The phase's stream (seeded by the step the phase starts at), from `step` on: where
-            the checkpoint of `step` saved it, else by skipping the phase's batches before it."""
-            first = _phase_start(phase_plan, phase_index)
-            stream = train_data.HostBatches(
-                dataclasses.replace(order, seed=seed + first),
-                phase_plan[phase_index][1],
-                start_batch=step - first,
-                pack=data.pack,
-                model=model,
-                restore_from=input_state.input_state_dir(model_dir, step) if step > first else None,
-                task=task_obj,
-            )
-            if step > first:
-                _log(
-                    f"step {step:>7}  input pipeline: {stream.how_started}, so the data continues "
-                    "exactly where the run left it"
-                )
-            input_position.stream, input_position.first = stream, first
-            return stream
-
-        input_position = _InputPosition()
-        phase = _phase_at(phase_plan, start_step)
-        feature_lengths = dict(phase_plan[phase][1])
-        train_iter = train_batches(phase, start_step)
-        first_batch = next(train_iter, None)  # before the state is built: an empty task fails now
-        input_pipeline.check_not_empty(first_batch, task_obj.name, "train", feature_lengths)
-        train_iter = itertools.chain([first_batch], train_iter)
         if len(phase_plan) > 1:
-            _log(
-                f"step {start_step:>7}  phase {phase + 1} of {len(phase_plan)}: task feature "
-                f"lengths {feature_lengths}"
-            )
+            _log(f"step {start_step:>7}  {train_input.describe(start_step)}")
 
-        # --- model state ----------------------------------------------------------------------
+        # --- state -----------------------------------------------------------------------
         rng = jax.random.key(seed)
         if start_step:
             state = checkpointer.restore(abstract, start_step)
@@ -307,7 +261,7 @@ def train(
         elif checkpointing.init_checkpoint:
             params = params_io.load_pretrained(
                 checkpointing.init_checkpoint,
-                cfg,
+                model.config,
                 abstract.params,
                 fresh_params=lambda: trainer.init_state(model, tx, rng, layout).params,
             )
@@ -315,165 +269,53 @@ def train(
             _log(f"Fine-tuning from the parameters in {checkpointing.init_checkpoint}")
         else:
             state = trainer.init_state(model, tx, rng, layout)
-        train_step = trainer.make_train_step(
-            model,
-            tx,
-            lr_fn,
-            layout,
-            optimizer.num_microbatches,
-            health.nonfinite_policy,
-            health.inject_nonfinite_at_steps,
+
+        # --- loop ------------------------------------------------------------------------
+        run = _Training(
+            model=model,
+            layout=layout,
+            train_step=trainer.make_train_step(
+                model,
+                tx,
+                lr_fn,
+                layout,
+                optimizer.num_microbatches,
+                health.nonfinite_policy,
+                tuple(health.inject_nonfinite_at_steps),
+            ),
+            eval_step=trainer.make_eval_step(model, layout),
+            rng=rng,
+            task=task_obj,
+            eval_tasks=eval_tasks,
+            train_input=train_input,
+            checkpointer=checkpointer,
+            data_order=order,
+            vocabularies=vocabularies,
+            window=_MetricsWindow(int(record.get("nonfinite_steps", 0))),
+            spikes=run_health.LossSpikes(health.loss_spike_ratio),
+            model_dir=model_dir,
+            data=data,
+            train_steps=schedule.train_steps,
+            checkpointing=checkpointing,
+            evaluation=evaluation,
+            health=health,
+            log_every=log_every,
+            profile=profile,
+            watcher=watcher,
         )
-        spikes = run_health.LossSpikes(health.loss_spike_ratio)
-        # Non-finite steps skipped before the current log window (the window's are read with it).
-        nonfinite_logged = int(record.get("nonfinite_steps", 0))
-
-        def save(state: trainer.TrainState) -> None:
-            """Start saving `state` (in the background); say "saved" of the previous save,
-            now that it is."""
-            pending = sum(int(m["nonfinite"]) for m in jax.device_get(window))
-            _save_input_position(int(state.step))
-            _log_saved(
-                checkpointer.save(
-                    state,
-                    cfg,
-                    {
-                        "data_order": order.to_json(),
-                        "nonfinite_steps": nonfinite_logged + pending,
-                        "vocabularies": vocabularies,
-                    },
-                )
-            )
-            kept = checkpointer.steps()
-            if kept and jax.process_index() == 0:
-                input_state.remove_input_states_before(model_dir, min(kept))
-
-        def _save_input_position(step: int) -> None:
-            """Save the input pipeline beside the checkpoint of `step`, if it stands at that step
-            (after a non-finite stop it has read one batch more: a resume then skips instead)."""
-            stream = input_position.stream
-            if stream.position != step - input_position.first:
-                return
-            why_not = stream.save(input_state.input_state_dir(model_dir, step))
-            if why_not and not input_position.warned:
-                input_position.warned = True
-                _log(
-                    f"step {step:>7}  Note: the input pipeline's position could not be saved "
-                    f"({why_not}); a resume will re-read the batches before its step instead."
-                )
-
-        eval_step = trainer.make_eval_step(model, layout)
-
-        writer = metric_writers.create_default_writer(
-            os.path.join(model_dir, "tensorboard"), just_logging=jax.process_index() > 0
+        state, step, preempted = run.loop(
+            state, start_step, itertools.chain([first_batch], train_iter)
         )
-        tokens_per_batch = data.batch_size * sum(feature_lengths.values())
-        peak, peak_source = hardware.peak_flops()
-        _log(f"MFU is model FLOPs per second over {peak:.4g} FLOP/s ({peak_source})")
-        best = BestCheckpoints(os.path.join(model_dir, "best"))
-
-        # --- loop ----------------------------------------------------------------------------
-        bar = logs.progress(total=train_steps, initial=start_step, desc="train")
-        window: list[dict[str, jax.Array]] = []
-        eval_data = None
-        window_start = time.perf_counter()
-        step = start_step
-        preempted = profiling = False
-        watcher.started()
-        while step < train_steps:
-            if _phase_at(phase_plan, step) != phase:
-                phase = _phase_at(phase_plan, step)
-                feature_lengths = dict(phase_plan[phase][1])
-                tokens_per_batch = data.batch_size * sum(feature_lengths.values())
-                train_iter, eval_data = train_batches(phase, step), None
-                _log(
-                    f"step {step:>7}  phase {phase + 1} of {len(phase_plan)}: task feature "
-                    f"lengths {feature_lengths}"
-                )
-            batch = layout.global_batch(next(train_iter))
-            if profile and step == profile[0]:
-                trace_dir = _start_trace(model_dir)
-                profiling = True
-            with layout.context():
-                state, metrics = train_step(state, batch, rng)
-            step += 1
-            # One scalar read per step.
-            if health.nonfinite_policy == "stop" and int(metrics["nonfinite"]):
-                bar.close()
-                _stop_on_nonfinite(step, jax.device_get(metrics), state, save, checkpointer)
-            if profiling and step == profile[1]:
-                profiling = False
-                jax.block_until_ready(state)
-                _stop_trace(trace_dir, model_dir)
-                _log(
-                    f"step {step:>7}  profile of steps {profile[0]}-{profile[1]} written to "
-                    f"{model_dir}/tensorboard/plugins/profile (TensorBoard's Profile tab)"
-                )
-            window.append(metrics)
-            bar.update(1)
-            if step % log_every == 0 or step == train_steps:
-                per_step = jax.device_get(window)
-                for offset, values in enumerate(per_step):
-                    _report_health(step - len(per_step) + 1 + offset, values, spikes, writer)
-                summary = _mean_metrics(per_step)
-                nonfinite_logged += int(summary.pop("nonfinite", 0))
-                summary["nonfinite_steps"] = nonfinite_logged
-                elapsed = time.perf_counter() - window_start
-                summary["tokens_per_s"] = tokens_per_batch * len(window) / elapsed
-                summary["step_time_s"] = elapsed / len(window)
-                step_flops = flops.train_step_flops(model.config, feature_lengths, data.batch_size)
-                if step_flops:
-                    summary["mfu"] = hardware.mfu(step_flops, summary["step_time_s"], peak)
-                writer.write_scalars(step, {f"train/{k}": v for k, v in summary.items()})
-                bar.set_postfix(loss=f"{summary['loss']:.3f}", refresh=False)
-                _log(f"step {step:>7}  " + _format_metrics(summary))
-                window, window_start = [], time.perf_counter()
-            if evaluation.loss_every and (step % evaluation.loss_every == 0 or step == train_steps):
-                if eval_data is None:
-                    eval_data = load_eval_batches(
-                        task_obj,
-                        feature_lengths,
-                        data.batch_size,
-                        evaluation.loss_batches,
-                        data.pack,
-                        model,
-                    )
-                with layout.context():
-                    eval_metrics = evaluate(eval_step, state.params, eval_data, layout, model)
-                if eval_metrics:
-                    writer.write_scalars(step, {f"eval/{k}": v for k, v in eval_metrics.items()})
-                    _log(f"step {step:>7}  eval " + _format_metrics(eval_metrics))
-            if eval_tasks and (step % evaluation.metrics_every == 0 or step == train_steps):
-                task_metrics = _evaluate_tasks(
-                    model,
-                    state.params,
-                    eval_tasks,
-                    feature_lengths,
-                    evaluation.metrics_batch_size,
-                    evaluation.metrics_examples,
-                )
-                for name, values in task_metrics.items():
-                    writer.write_scalars(step, {f"eval/{name}/{k}": v for k, v in values.items()})
-                    _log(
-                        f"step {step:>7}  {name}: "
-                        + ", ".join(f"{k} {v:.2f}" for k, v in values.items())
-                    )
-                best.update(step, state.params, cfg, task_metrics)
-            preempted = watcher.should_stop(step)
-            if preempted or step % checkpointing.every == 0 or step == train_steps:
-                save(state)
-            if preempted:
-                break
-        bar.close()
         _log_saved(checkpointer.close())  # the watcher still guards this last save
         watcher.close()
         if preempted:
             _log(
-                f"step {step:>7}  stopped by {watcher.signal_name}: rerun the same command to "
-                "resume from this step"
+                f"step {step:>7}  stopped by {watcher.signal_name}: rerun the same "
+                "command to resume from this step"
             )
-        writer.flush()
+        run.writer.flush()
 
+        # --- predictions -----------------------------------------------------------------
         if (
             evaluation.num_predictions
             and not preempted
@@ -484,16 +326,280 @@ def train(
                 model,
                 jax.device_get(state.params),
                 task_obj,
-                feature_lengths,
+                run.feature_lengths,
                 evaluation.num_predictions,
             )
         return state
     finally:
-        if bar is not None:
-            bar.close()  # before the error a failure prints, so that is the log's last line
+        if run is not None and run.bar is not None:
+            run.bar.close()  # before the error a failure prints, so that is the log's last line
         watcher.close()
         if lock is not None:
             lock.release()
+
+
+def _log_discarded_saves(checkpointer: train_state.Checkpointer, start_step: int) -> None:
+    """Say which unfinished or unverifiable saves the checkpointer removed, and what the run
+    starts from instead."""
+    resuming = (
+        f"Resuming from step {start_step}, the newest complete checkpoint."
+        if start_step
+        else "There is no complete checkpoint: starting afresh."
+    )
+    for leftover in checkpointer.interrupted_saves:
+        _log(
+            f"Ignoring {leftover} in {checkpointer.directory}: a save that was interrupted "
+            f"before it completed (removed now). {resuming}"
+        )
+    for step in checkpointer.unverified_saves:
+        _log(
+            f"Ignoring step {step} in {checkpointer.directory}: it has no manifest (the "
+            "run stopped before it was written), so it cannot be checked (removed now). "
+            f"{resuming}"
+        )
+
+
+def _write_start_up_report(
+    model_dir: str,
+    mesh: jax.sharding.Mesh,
+    rules,
+    layout: trainer.Layout,
+    abstract: trainer.TrainState,
+    model: Model,
+    feature_lengths: Mapping[str, int],
+    batch_size: int,
+) -> None:
+    """Print and save the operative gin config (MODEL_DIR/config.gin) and the partitioning:
+    mesh, rules, each parameter's sharding, bytes per device, size and FLOPs
+    (MODEL_DIR/partitioning.txt)."""
+    print(
+        f"Operative config (saved to {model_dir}/config.gin):\n{gin.operative_config_str()}",
+        flush=True,
+    )
+    _write_text(os.path.join(model_dir, "config.gin"), gin.operative_config_str())
+    table, _ = partitioning.parameter_table(layout.boxed_params, layout.state_shardings.params)
+    state_bytes = partitioning.state_bytes_per_device(abstract, layout.state_shardings)
+    report = (
+        f"{partitioning.describe_mesh(mesh)}; rules {list(rules)}\n{table}\n"
+        f"parameters + optimizer state per device: {state_bytes:,} bytes\n"
+        f"{model_size_line(model, feature_lengths, batch_size)}"
+    )
+    _log(report)
+    _write_text(os.path.join(model_dir, "partitioning.txt"), report + "\n")
+
+
+def _data_order(data: Data, seed: int, record: Mapping) -> train_data.DataOrder:
+    """What fixes the run's batches; a resumed run keeps its shard count (and is told when
+    its order differs from the interrupted run's)."""
+    saved = train_data.DataOrder(**record["data_order"]) if "data_order" in record else None
+    order = train_data.DataOrder(
+        data.task,
+        data.batch_size,
+        seed,
+        train_data.resolve_data_shards(data.shards, data.batch_size, jax.process_count(), saved),
+    )
+    if saved is not None and saved != order:
+        _log(
+            f"Note: the interrupted run read {saved}; this one reads {order}, so the "
+            "batches from here on differ from the ones it would have seen."
+        )
+    return order
+
+
+class _MetricsWindow:
+    """The train metrics of the steps since the last log line (still on the devices), and the
+    count of non-finite steps skipped before them (already logged)."""
+
+    def __init__(self, nonfinite_logged: int) -> None:
+        self.metrics: list[dict[str, jax.Array]] = []
+        self.nonfinite_logged = nonfinite_logged
+        self.start_time = time.perf_counter()
+
+    def restart(self) -> None:
+        """Start the next window: no metrics, its time from now."""
+        self.metrics, self.start_time = [], time.perf_counter()
+
+    def nonfinite_steps(self) -> int:
+        """Skipped steps so far, this window's included."""
+        pending = sum(int(m["nonfinite"]) for m in jax.device_get(self.metrics))
+        return self.nonfinite_logged + pending
+
+    def summarise(self, step: int, spikes: run_health.LossSpikes, writer) -> dict[str, float]:
+        """Report each of the window's steps that was skipped or spiked, and return the
+        window's means with the skipped steps so far (read from the devices: the window's
+        steps have all run when this returns)."""
+        per_step = jax.device_get(self.metrics)
+        for offset, values in enumerate(per_step):
+            _report_health(step - len(per_step) + 1 + offset, values, spikes, writer)
+        summary = _mean_metrics(per_step)
+        self.nonfinite_logged += int(summary.pop("nonfinite", 0))
+        summary["nonfinite_steps"] = self.nonfinite_logged
+        return summary
+
+
+@dataclasses.dataclass
+class _Training:
+    """The training loop and what it needs, built by `train`: step, log, evaluate, save."""
+
+    model: Model
+    layout: trainer.Layout
+    train_step: Callable
+    eval_step: Callable
+    rng: jax.Array
+    task: input_pipeline.TaskLike
+    eval_tasks: Sequence[str]
+    train_input: PhasedInput
+    checkpointer: train_state.Checkpointer
+    data_order: train_data.DataOrder
+    vocabularies: dict  # the task's, recorded so that a resume with other ones is refused
+    window: _MetricsWindow
+    spikes: run_health.LossSpikes
+    model_dir: str
+    data: Data
+    train_steps: int
+    checkpointing: Checkpointing
+    evaluation: Evaluation
+    health: Health
+    log_every: int
+    profile: tuple[int, int] | None
+    watcher: preemption.PreemptionWatcher
+    # Set as the loop starts.
+    feature_lengths: dict[str, int] = dataclasses.field(init=False)
+    writer: metric_writers.MetricWriter = dataclasses.field(init=False)
+    peak_flops: float = dataclasses.field(init=False)
+    best: BestCheckpoints = dataclasses.field(init=False)
+    bar: Any = None  # the progress bar
+    eval_data: list | None = None  # the validation batches of the current phase
+
+    def loop(
+        self, state: trainer.TrainState, step: int, batches: Iterator[dict[str, np.ndarray]]
+    ) -> tuple[trainer.TrainState, int, bool]:
+        """Train from `step` to the last step, or until preempted: (the state, its step,
+        whether it was preempted)."""
+        phase = self.train_input.phase_at(step)
+        self.feature_lengths = self.train_input.feature_lengths(phase)
+        self.writer = metric_writers.create_default_writer(
+            os.path.join(self.model_dir, "tensorboard"), just_logging=jax.process_index() > 0
+        )
+        self.peak_flops, peak_source = hardware.peak_flops()
+        _log(f"MFU is model FLOPs per second over {self.peak_flops:.4g} FLOP/s ({peak_source})")
+        self.best = BestCheckpoints(os.path.join(self.model_dir, "best"))
+        self.bar = logs.progress(total=self.train_steps, initial=step, desc="train")
+        profile_start, profile_end = self.profile or (-1, -1)
+        trace_dir, preempted = None, False
+        self.window.restart()
+        self.watcher.started()
+        while step < self.train_steps:
+            if self.train_input.phase_at(step) != phase:
+                phase = self.train_input.phase_at(step)
+                self.feature_lengths = self.train_input.feature_lengths(phase)
+                batches, self.eval_data = self.train_input.batches_from(step), None
+                _log(f"step {step:>7}  {self.train_input.describe(step)}")
+            batch = self.layout.global_batch(next(batches))
+            if step == profile_start:
+                trace_dir = _start_trace(self.model_dir)
+            with self.layout.context():
+                state, metrics = self.train_step(state, batch, self.rng)
+            step += 1
+            # One scalar read per step.
+            if self.health.nonfinite_policy == "stop" and int(metrics["nonfinite"]):
+                self.bar.close()
+                _stop_on_nonfinite(
+                    step, jax.device_get(metrics), state, self.save, self.checkpointer
+                )
+            if trace_dir is not None and step == profile_end:
+                jax.block_until_ready(state)
+                _stop_trace(trace_dir, self.model_dir)
+                trace_dir = None
+                _log(
+                    f"step {step:>7}  profile of steps {profile_start}-{profile_end} "
+                    f"written to {self.model_dir}/tensorboard/plugins/profile (TensorBoard's "
+                    "Profile tab)"
+                )
+            self.window.metrics.append(metrics)
+            self.bar.update(1)
+            last = step == self.train_steps
+            if step % self.log_every == 0 or last:
+                self.log_window(step)
+            if self.evaluation.loss_every and (step % self.evaluation.loss_every == 0 or last):
+                self.evaluate_loss(step, state)
+            if self.eval_tasks and (step % self.evaluation.metrics_every == 0 or last):
+                self.evaluate_tasks(step, state)
+            preempted = self.watcher.should_stop(step)
+            if preempted or step % self.checkpointing.every == 0 or last:
+                self.save(state)
+            if preempted:
+                break
+        self.bar.close()
+        return state, step, preempted
+
+    def log_window(self, step: int) -> None:
+        """The window's means, speed and MFU: to TensorBoard, the progress bar and the log;
+        then the next window starts."""
+        summary = self.window.summarise(step, self.spikes, self.writer)
+        elapsed, steps = time.perf_counter() - self.window.start_time, len(self.window.metrics)
+        tokens_per_batch = self.data.batch_size * sum(self.feature_lengths.values())
+        summary["tokens_per_s"] = tokens_per_batch * steps / elapsed
+        summary["step_time_s"] = elapsed / steps
+        step_flops = flops.train_step_flops(
+            self.model.config, self.feature_lengths, self.data.batch_size
+        )
+        if step_flops:
+            summary["mfu"] = hardware.mfu(step_flops, summary["step_time_s"], self.peak_flops)
+        self.writer.write_scalars(step, {f"train/{k}": v for k, v in summary.items()})
+        self.bar.set_postfix(loss=f"{summary['loss']:.3f}", refresh=False)
+        _log(f"step {step:>7}  " + _format_metrics(summary))
+        self.window.restart()
+
+    def evaluate_loss(self, step: int, state: trainer.TrainState) -> None:
+        """Loss and accuracy on the run's fixed validation batches (read at the first call of
+        a phase)."""
+        if self.eval_data is None:
+            self.eval_data = load_eval_batches(
+                self.task,
+                self.feature_lengths,
+                self.data.batch_size,
+                self.evaluation.loss_batches,
+                self.data.pack,
+                self.model,
+            )
+        with self.layout.context():
+            eval_metrics = evaluate(
+                self.eval_step, state.params, self.eval_data, self.layout, self.model
+            )
+        if eval_metrics:
+            self.writer.write_scalars(step, {f"eval/{k}": v for k, v in eval_metrics.items()})
+            _log(f"step {step:>7}  eval " + _format_metrics(eval_metrics))
+
+    def evaluate_tasks(self, step: int, state: trainer.TrainState) -> None:
+        """Each task's metrics on its decoded validation examples; keep the best parameters."""
+        task_metrics = _evaluate_tasks(
+            self.model,
+            state.params,
+            self.eval_tasks,
+            self.feature_lengths,
+            self.evaluation.metrics_batch_size,
+            self.evaluation.metrics_examples,
+        )
+        for name, values in task_metrics.items():
+            self.writer.write_scalars(step, {f"eval/{name}/{k}": v for k, v in values.items()})
+            _log(f"step {step:>7}  {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in values.items()))
+        self.best.update(step, state.params, self.model.config, task_metrics)
+
+    def save(self, state: trainer.TrainState) -> None:
+        """Start saving `state` (in the background) with the input position beside it; say
+        "saved" of the previous save, now that it is."""
+        step = int(state.step)
+        record = {
+            "data_order": self.data_order.to_json(),
+            "nonfinite_steps": self.window.nonfinite_steps(),
+            "vocabularies": self.vocabularies,
+        }
+        self.train_input.save_position(step)
+        _log_saved(self.checkpointer.save(state, self.model.config, record))
+        kept = self.checkpointer.steps()
+        if kept and jax.process_index() == 0:
+            input_state.remove_input_states_before(self.model_dir, min(kept))
 
 
 def _log_saved(step: int | None) -> None:
@@ -534,11 +640,11 @@ def _evaluate_tasks(
             )
             for name in task_names
         }
-    predict_fn = evaluation.make_predict_fn(
+    predict_fn = task_eval.make_predict_fn(
         model, feature_lengths["targets"], decoding.DecodeConfig()
     )
     return {
-        name: evaluation.evaluate_task(
+        name: task_eval.evaluate_task(
             predict_fn, params, name, "validation", feature_lengths, batch_size, max_examples
         )[0]
         for name in task_names
@@ -599,7 +705,7 @@ def _mean_metrics(per_step: Sequence[dict[str, np.ndarray]]) -> dict[str, float]
 
 
 def _report_health(
-    step: int, values: Mapping[str, np.ndarray], spikes: run_health.LossSpikes, writer
+    step: int, values: Mapping[str, Any], spikes: run_health.LossSpikes, writer
 ) -> None:
     """Log a skipped non-finite step or a loss spike (TensorBoard train/loss_spike too)."""
     if values.get("nonfinite", 0):
@@ -616,11 +722,11 @@ def _report_health(
 
 def _stop_on_nonfinite(
     step: int,
-    values: Mapping[str, np.ndarray],
+    values: Mapping[str, Any],
     state: trainer.TrainState,
     save: Callable[[trainer.TrainState], None],
     checkpointer: train_state.Checkpointer,
-) -> None:
+) -> NoReturn:
     """Policy 'stop': `state` is the last good one (the step kept it); save it unless that
     step is already saved (or is step 0), then stop with the reason."""
     good_step = int(state.step)
@@ -670,25 +776,6 @@ def _format_metrics(summary: Mapping[str, float]) -> str:
     )
 
 
-@dataclasses.dataclass
-class _InputPosition:
-    """The input stream a checkpoint save records beside the state: the current phase's
-    stream, the step that phase started at, and whether a failed save was already reported
-    (once per run is enough)."""
-
-    stream: train_data.HostBatches | None = None
-    first: int = 0
-    warned: bool = False
-
-
-def _phase_start(plan: Sequence[tuple[int, Mapping[str, int]]], phase: int) -> int:
-    return plan[phase - 1][0] if phase else 0
-
-
-def _phase_at(plan: Sequence[tuple[int, Mapping[str, int]]], step: int) -> int:
-    return next((i for i, (end, _) in enumerate(plan) if step < end), len(plan) - 1)
-
-
 def load_eval_batches(
     task: input_pipeline.TaskLike,
     feature_lengths: Mapping[str, int],
@@ -731,7 +818,9 @@ def evaluate(
             totals[k] = totals.get(k, 0.0) + float(v)
     if not totals:
         return {}
-    return {k: float(v) for k, v in model.metrics(totals).items()}
+    # Host floats for the device sums: every family's `metrics` is jnp arithmetic on them,
+    # which takes either (and keeps the float64 totals exact until it divides).
+    return {k: float(v) for k, v in model.metrics(cast(Mapping[str, jax.Array], totals)).items()}
 
 
 def show_predictions(
@@ -747,12 +836,12 @@ def show_predictions(
     if "inputs" not in task_obj.output_features or "inputs" not in feature_lengths:
         return
     split = "validation" if "validation" in task_obj.splits else "train"
-    examples = list(evaluation.task_examples(task_obj, split, feature_lengths, count))
+    examples = list(task_eval.task_examples(task_obj, split, feature_lengths, count))
     if not examples:
         return
     vocab = task_obj.output_features["targets"].vocabulary
-    predict_fn = evaluation.make_predict_fn(model, feature_lengths["targets"])
-    predictions = evaluation.predict(
+    predict_fn = task_eval.make_predict_fn(model, feature_lengths["targets"])
+    predictions = task_eval.predict(
         predict_fn, params, examples, vocab, len(examples), feature_lengths["inputs"]
     )
     print("\nPredictions on validation examples (greedy decoding):")

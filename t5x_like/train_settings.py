@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence, TypeVar
 
 import gin
 
 from t5x_like import config, optimizers
 from t5x_like.errors import ConfigError
 
+if TYPE_CHECKING:  # (input_pipeline imports TensorFlow: not needed to read settings)
+    from t5x_like.input_pipeline import TaskLike
+
 FeatureLengths = Mapping[str, int]
+G = TypeVar("G")
 
 
 def _check(group: object, rules: dict[str, config.Number]) -> None:
@@ -45,7 +49,7 @@ class Data:
     is (the fraction of the train steps where the phase ends, its task_feature_lengths).
     """
 
-    task: object = "offline_span_corruption"
+    task: TaskLike = "offline_span_corruption"
     task_feature_lengths: FeatureLengths = dataclasses.field(
         default_factory=lambda: {"inputs": 512, "targets": 114}
     )
@@ -299,7 +303,7 @@ def moved_binding(gin_error: str) -> str | None:
     )
 
 
-def built(group: type, value: object, parameter: str) -> object:
+def built(group: type[G], value: object, parameter: str) -> G:
     """`value` of `train`'s group parameter `parameter`, or the group built from its gin
     bindings when None. A value of another kind is an old flat binding of the same name
     (`train.optimizer = 'adamw'`, now `Optimizer.kind`): refused, naming what to bind."""

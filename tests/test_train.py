@@ -1,5 +1,6 @@
 """The training loop: schedule, a short run whose loss falls, kill -9 and resume, bad input."""
 
+import json
 import os
 import signal
 import subprocess
@@ -244,3 +245,34 @@ def test_the_run_looks_its_task_up_once(tmp_path, monkeypatch):
     finally:
         gin.clear_config()
     assert lookups.count(task) == 1, lookups
+
+
+def test_task_metrics_during_training_score_and_keep_the_best(tmp_path):
+    """`Evaluation.metrics_every` decodes the task's validation examples during training,
+    scores them with the task's metric and keeps the best parameters: the path a fine-tuning
+    run takes, in the default suite (the slow fine-tuning tests train it for real). The
+    accuracy is the task's own metric over 4 examples, so it is a multiple of 25."""
+    model_dir = tmp_path / "run"
+    gin_setup.parse_gin(
+        ["gin_configs/runs/quickstart.gin"],
+        TINY_RUN
+        + [
+            f"MODEL_DIR={model_dir}",
+            "TASK='offline_first_word'",
+            "TRAIN_STEPS=2",
+            "Evaluation.loss_every=0",
+            "Evaluation.num_predictions=0",
+            "Evaluation.metrics_every=2",
+            "Evaluation.metrics_examples=4",
+            "Evaluation.metrics_batch_size=4",
+            "Checkpointing.every=100",
+        ],
+    )
+    try:
+        train.train()
+    finally:
+        gin.clear_config()
+    best = json.loads((model_dir / "best" / "best.json").read_text())["offline_first_word"]
+    assert best["metric"] == "accuracy" and best["step"] == 2
+    assert best["value"] in (0.0, 25.0, 50.0, 75.0, 100.0)
+    assert (model_dir / "best" / "offline_first_word").is_dir()

@@ -68,6 +68,7 @@ class ModelConfig:
     FAMILY: ClassVar[str] = ""
     ARCHITECTURE_FIELDS: ClassVar[tuple[str, ...]] = ()
     scan_layers: bool  # layers stacked under one `nn.scan` (checkpoints.scan_layout)
+    vocab_size: int  # rows of the embedding table: a task's vocabulary must fit in them
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
