@@ -48,9 +48,10 @@ def run(entry: Callable[[], Any], argv: Sequence[str] | None, description: str) 
     host_runtime.hide_gpus_from_tensorflow()  # before any TF op: gin parsing may run some
     files, bindings = parse_args(sys.argv[1:] if argv is None else argv, description)
     for path in files:
-        if not os.path.exists(path):
+        if gin_setup.find_gin_file(path) is None:
             print(
-                f"error: gin file {path} does not exist (paths are relative to {os.getcwd()}).",
+                f"error: gin file {path} does not exist (relative to {os.getcwd()}, and not "
+                "one of the shipped gin_configs/ files).",
                 file=sys.stderr,
             )
             return 2

@@ -17,14 +17,32 @@ import gin
 from t5x_like.config import quote_plain_string
 from t5x_like.families.t5.network import T5Config
 
-# `include` lines in gin files name files relative to the repository root.
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Gin files are named `gin_configs/...` (on the command line and in `include` lines): relative to
+# the working directory, else to a checkout's root (REPO_ROOT/gin_configs) or to the installed
+# package, which ships them as t5x_like/gin_configs (pyproject.toml).
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(PACKAGE_DIR)
+GIN_SEARCH_PATH = (REPO_ROOT, PACKAGE_DIR)
+
+
+def find_gin_file(path: str) -> str | None:
+    """`path` itself when it exists, else the shipped gin file it names (`gin_configs/...`
+    under the checkout or the installed package); None when there is none."""
+    if os.path.exists(path):
+        return path
+    if os.path.isabs(path):
+        return None
+    for root in GIN_SEARCH_PATH:
+        candidate = os.path.join(root, path)
+        if os.path.exists(candidate):
+            return candidate
+    return None
 
 
 # Every module that defines gin configurables: this repository's tasks (bert_vocab_path,
 # c4_files, text_corpus, ...), the run entry points and what they configure, the models.
 CONFIGURABLE_MODULES = (
-    "tasks",
+    "t5x_like.tasks",
     "t5x_like.decoding",
     "t5x_like.distributed",
     "t5x_like.eval",
@@ -74,8 +92,9 @@ def parse_gin(
         register_model_configurables()
     else:
         register_configurables()
-    if REPO_ROOT not in gin.config._LOCATION_PREFIXES:  # noqa: SLF001 - gin has no getter
-        gin.add_config_file_search_path(REPO_ROOT)
+    for root in GIN_SEARCH_PATH:
+        if root not in gin.config._LOCATION_PREFIXES:  # noqa: SLF001 - gin has no getter
+            gin.add_config_file_search_path(root)
     gin.parse_config_files_and_bindings(
         list(gin_files), [quote_plain_string(b) for b in bindings], finalize_config=False
     )

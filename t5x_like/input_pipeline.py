@@ -44,7 +44,7 @@ def resolve_task(name: TaskLike) -> seqio.Task | seqio.Mixture:
         if not names:
             raise ConfigError(
                 f"Unknown task or mixture {name!r}: no task is registered. Import "
-                "the module that registers it first (`import tasks` for this "
+                "the module that registers it first (`import t5x_like.tasks` for this "
                 "repository's tasks), or run through python -m t5x_like.train, "
                 "which does."
             )

@@ -45,7 +45,8 @@ from t5x_like.data import task_heads, text_files
 from t5x_like.data.wordpiece import WordPieceVocabulary
 from t5x_like.errors import ConfigError
 from t5x_like.families.bert import preprocessors as bp
-from tasks import c4, offline
+
+from . import c4, offline
 
 
 @gin.configurable

@@ -19,7 +19,8 @@ import os
 import seqio
 
 from t5x_like.data import text_files
-from tasks import pretraining
+
+from . import pretraining
 
 C4_TFDS_NAME = "c4/en:3.*.*"
 DEFAULT_C4_SPM = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"

@@ -19,7 +19,8 @@ import seqio
 
 from t5x_like import metrics
 from t5x_like.families.t5 import postprocessors, text_to_text
-from tasks import c4, pretraining
+
+from . import c4, pretraining
 
 
 def _register(name, tfds_name, preprocessor, postprocess_fn, metric_fns):

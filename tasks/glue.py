@@ -25,7 +25,8 @@ import seqio
 
 from t5x_like import metrics
 from t5x_like.families.t5 import postprocessors, text_to_text
-from tasks import c4, pretraining
+
+from . import c4, pretraining
 
 GLUE_VERSION = "2.*.*"
 SUPER_GLUE_VERSION = "1.0.2"

@@ -25,7 +25,8 @@ import seqio
 from t5x_like import metrics
 from t5x_like.data import task_heads
 from t5x_like.families.gpt import preprocessors as gp
-from tasks import bert, c4, offline
+
+from . import bert, c4, offline
 
 _HEAD_OF_TRANSFORM = {
     "classification": "single",

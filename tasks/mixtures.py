@@ -28,7 +28,7 @@ from typing import Callable
 
 import seqio
 
-from tasks import generation, glue  # noqa: F401  (the member tasks)
+from . import generation, glue  # noqa: F401  (the member tasks)
 
 RateFn = Callable[[seqio.Task], float]
 

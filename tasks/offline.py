@@ -11,7 +11,8 @@ import tensorflow as tf
 
 from t5x_like import metrics, offline_corpus
 from t5x_like.families.t5 import postprocessors
-from tasks import pretraining
+
+from . import pretraining
 
 
 class OfflineVocabulary(seqio.SentencePieceVocabulary):

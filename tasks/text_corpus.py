@@ -13,7 +13,8 @@ module and `import` it from your gin file.
 from __future__ import annotations
 
 from t5x_like.data import text_files
-from tasks import c4, pretraining
+
+from . import c4, pretraining
 
 TEXT_CORPUS_TASKS = pretraining.register_objectives(
     "text_corpus", text_files.LazySource(text_files.text_corpus_source), c4.c4_vocabulary()

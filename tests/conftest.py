@@ -39,7 +39,7 @@ def pytest_configure(config):
 def _register_tasks():
     """The tests name this repository's tasks, as a run does once `gin_setup` has imported
     `tasks`; the library itself registers none (tests/test_import_structure.py)."""
-    import tasks  # noqa: F401
+    from t5x_like import tasks  # noqa: F401
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -81,7 +81,7 @@ def _tfds_loaders() -> set:
     import seqio
 
     sources = [seqio.TaskRegistry.get(name).source for name in seqio.TaskRegistry.names()]
-    c4 = sys.modules.get("tasks.c4")  # C4's TFDS source stands behind a lazy source
+    c4 = sys.modules.get("t5x_like.tasks.c4")  # C4's TFDS source stands behind a lazy source
     if c4 is not None:
         sources.append(c4.C4_TFDS_SOURCE)
     return {source.tfds_dataset for source in sources if isinstance(source, seqio.TfdsDataSource)}

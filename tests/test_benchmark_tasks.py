@@ -6,8 +6,10 @@ text-to-text strings the T5 library's task of the same name writes for the same 
 import pytest
 import seqio
 
-import tasks  # noqa: F401  (registers the tasks)
-from t5x_like import input_pipeline
+from t5x_like import (
+    input_pipeline,
+    tasks,  # noqa: F401  (registers the tasks)
+)
 from t5x_like.errors import ConfigError
 from tests.tiny_tfds import build_tiny, with_offline_vocabulary
 
@@ -340,7 +342,7 @@ def test_label_names_match_tfds(data_dir):
     """The hard-coded label names (used to write and parse targets) are TFDS' own, in order."""
     import tensorflow_datasets as tfds
 
-    from tasks import glue
+    from t5x_like.tasks import glue
 
     for b, (names, _) in glue.GLUE.items():
         if names is not None:

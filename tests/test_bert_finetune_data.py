@@ -330,8 +330,10 @@ def test_conll_f1_counts_whole_entities():
 
 
 def test_head_that_does_not_fit_the_task_is_refused():
-    import tasks  # noqa: F401
-    from t5x_like import input_pipeline
+    from t5x_like import (
+        input_pipeline,
+        tasks,  # noqa: F401
+    )
     from t5x_like.families.bert import model as bert_models
     from t5x_like.families.bert import network as bert
 
@@ -345,8 +347,10 @@ def test_head_that_does_not_fit_the_task_is_refused():
 def test_vocabulary_of_another_size_than_the_model_is_refused(tmp_path):
     import gin
 
-    import tasks  # noqa: F401
-    from t5x_like import input_pipeline
+    from t5x_like import (
+        input_pipeline,
+        tasks,  # noqa: F401
+    )
 
     path = tmp_path / "vocab.txt"
     path.write_text("\n".join(WORDS) + "\n")
@@ -358,8 +362,8 @@ def test_vocabulary_of_another_size_than_the_model_is_refused(tmp_path):
 
 
 def test_offline_word_order_examples_are_balanced_and_fixed():
-    import tasks
-    from tasks import offline
+    from t5x_like import tasks
+    from t5x_like.tasks import offline
 
     def examples():
         ds = tasks.bert.word_order_examples(offline.OFFLINE_SOURCE.get_dataset("validation"))

@@ -129,7 +129,7 @@ TASKS = {
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    import tasks  # noqa: F401
+    from t5x_like import tasks  # noqa: F401
 
     path = tmp_path_factory.mktemp("tfds")
     for name, splits in DATASETS.items():

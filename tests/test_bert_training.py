@@ -26,7 +26,7 @@ PRETRAIN_GIN = [
 
 
 def _pretraining_batch(length=64, predictions=10, batch_size=8):
-    import tasks  # noqa: F401
+    from t5x_like import tasks  # noqa: F401
 
     model = bert_models.BertPretrainingModel(bert.BertConfig(vocab_size=4096))
     ds = seqio.get_dataset(
@@ -44,7 +44,7 @@ def _pretraining_batch(length=64, predictions=10, batch_size=8):
 
 @pytest.mark.slow  # (the default suite must stay under 15 minutes)
 def test_offline_pretraining_batches_are_bert_pairs():
-    import tasks
+    from t5x_like import tasks
 
     vocab = tasks.bert.BERT_VOCABULARY
     batch = _pretraining_batch(batch_size=16)

@@ -4,8 +4,10 @@ import numpy as np
 import pytest
 import seqio
 
-import tasks  # noqa: F401  (registers the tasks)
-from t5x_like import input_pipeline
+from t5x_like import (
+    input_pipeline,
+    tasks,  # noqa: F401  (registers the tasks)
+)
 from t5x_like.errors import ConfigError
 from tests.tiny_tfds import build_tiny_c4, with_offline_vocabulary
 

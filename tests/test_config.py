@@ -77,7 +77,7 @@ def test_reading_a_model_config_does_not_import_tensorflow():
         cfg = load_model_config(["gin_configs/models/t5_1_1/base.gin"], ["T5Config.emb_dim=64"])
         assert cfg.emb_dim == 64 and cfg.num_heads == 12, cfg
         assert bind_over(BertConfig(), ["BertConfig.num_layers=2"]).num_layers == 2
-        print(sorted(m for m in ("tensorflow", "seqio", "tasks") if m in sys.modules))
+        print(sorted(m for m in ("tensorflow", "seqio", "t5x_like.tasks") if m in sys.modules))
     """)
     run = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300

@@ -215,7 +215,7 @@ GLUE_MRPC = {"sentence1": "the cat sat", "sentence2": "a dog ran", "label": 1, "
 def tiny_benchmarks(tmp_path_factory):
     """gpt_glue_mrpc and gpt_race_high on tiny real TFDS builds, read with the word-level test
     vocabulary (the C4 SentencePiece model cannot be downloaded here)."""
-    import tasks  # noqa: F401
+    from t5x_like import tasks  # noqa: F401
     from tests.tiny_tfds import build_tiny
 
     path = str(tmp_path_factory.mktemp("tfds"))

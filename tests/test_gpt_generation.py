@@ -177,8 +177,10 @@ def test_infer_command_continues_prompts_with_a_decoder_only_checkpoint(tmp_path
 
     import seqio
 
-    import tasks  # noqa: F401  (registers offline_lm)
-    from t5x_like import infer
+    from t5x_like import (
+        infer,
+        tasks,  # noqa: F401  (registers offline_lm)
+    )
     from t5x_like.checkpoints import params_io
     from t5x_like.families.t5 import network as t5
 

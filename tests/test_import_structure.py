@@ -4,8 +4,10 @@
   can follow the dependencies one way;
 - `t5x_like.errors` imports nothing and `t5x_like.config` only `errors`: any module may raise a
   user-facing error or check a setting without pulling in gin registration;
-- the library never imports the top-level `tasks` package (which registers tasks and depends on
-  the library), except `gin_setup`, the entry points' registration;
+- the library never imports `t5x_like.tasks` (the directory `tasks/`, installed under the
+  project's name: it registers tasks and depends on the library), except `gin_setup`, the
+  entry points' registration; nothing imports it as a top-level `tasks`, the name a wheel does
+  not install;
 - only entry points import `gin_setup`;
 - the core (every library module outside `t5x_like.families`, except `gin_setup`, which
   registers the families for gin) imports no model family, even inside a function: it reads a
@@ -23,6 +25,9 @@ import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("t5x_like", "tasks", "benchmarks")
+# A directory's import name where it is not the directory's own (pyproject.toml's package-dir).
+IMPORT_NAMES = {"tasks": "t5x_like.tasks"}
+TASKS = IMPORT_NAMES["tasks"]
 ENTRY_POINTS = {
     "t5x_like.cli",
     "t5x_like.plan",
@@ -43,6 +48,8 @@ def _modules() -> dict[str, str]:
                 if name.endswith(".py"):
                     path = os.path.join(directory, name)
                     module = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+                    top, _, rest = module.partition(".")
+                    module = ".".join(filter(None, (IMPORT_NAMES.get(top, top), rest)))
                     found[module.removesuffix(".__init__")] = path
     return found
 
@@ -132,23 +139,67 @@ def test_errors_and_config_are_leaves():
     assert graph["t5x_like.config"] - {"t5x_like"} == {"t5x_like.errors"}
 
 
+def _is_tasks(module: str) -> bool:
+    return module == TASKS or module.startswith(TASKS + ".")
+
+
+def _is_library(module: str) -> bool:
+    return module.startswith("t5x_like") and not _is_tasks(module)
+
+
 def test_the_library_never_imports_tasks():
     graph = _graph(module_level_only=False)
     offenders = sorted(
         f"{m} -> {d}"
         for m, deps in graph.items()
-        if m.startswith("t5x_like") and m != "t5x_like.gin_setup"
+        if _is_library(m) and m != "t5x_like.gin_setup"
         for d in deps
-        if d.split(".")[0] == "tasks"
+        if _is_tasks(d)
+    )
+    assert offenders == []
+
+
+def test_nothing_imports_tasks_by_its_top_level_name():
+    """In a checkout `import tasks` would still work (the working directory is on sys.path)
+    and register every task a second time beside `t5x_like.tasks`; an installed wheel has no
+    `tasks` at all. Tests included: one import name per process."""
+    offenders = []
+    paths = list(_modules().values()) + [
+        os.path.join(ROOT, "tests", name)
+        for name in os.listdir(os.path.join(ROOT, "tests"))
+        if name.endswith(".py")
+    ]
+    for path in paths:
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            offenders += [
+                f"{os.path.relpath(path, ROOT)}: {n}" for n in names if n.split(".")[0] == "tasks"
+            ]
+    assert offenders == []
+
+
+def test_the_library_never_imports_the_benchmarks():
+    """`benchmarks/` runs from a checkout and is not installed: the library cannot need it."""
+    graph = _graph(module_level_only=False)
+    offenders = sorted(
+        f"{m} -> {d}"
+        for m, deps in graph.items()
+        if m.startswith("t5x_like")
+        for d in deps
+        if d.split(".")[0] == "benchmarks"
     )
     assert offenders == []
 
 
 def test_only_entry_points_import_gin_setup():
     graph = _graph(module_level_only=False)
-    importers = {
-        m for m, deps in graph.items() if m.startswith("t5x_like") and "t5x_like.gin_setup" in deps
-    }
+    importers = {m for m, deps in graph.items() if _is_library(m) and "t5x_like.gin_setup" in deps}
     assert importers <= ENTRY_POINTS, importers - ENTRY_POINTS
 
 
@@ -164,7 +215,7 @@ def family_imports_of_the_core(graph: dict[str, set[str]]) -> list[str]:
     return sorted(
         f"{m} -> {d}"
         for m, deps in graph.items()
-        if m.startswith("t5x_like") and not _is_family(m) and m != "t5x_like.gin_setup"
+        if _is_library(m) and not _is_family(m) and m != "t5x_like.gin_setup"
         for d in deps
         if _is_family(d)
     )

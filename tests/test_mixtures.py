@@ -7,8 +7,8 @@ import pytest
 import seqio
 import tensorflow as tf
 
-import tasks  # noqa: F401  (registers the tasks)
-from tasks import mixtures
+from t5x_like import tasks  # noqa: F401  (registers the tasks)
+from t5x_like.tasks import mixtures
 from tests.word_vocab import WordVocabulary
 
 SIZES = {"small": 100, "medium": 1000, "large": 10000}

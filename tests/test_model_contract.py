@@ -244,8 +244,11 @@ def test_a_new_family_trains_two_steps_and_checkpoints_with_no_edit_of_the_core(
     config read back from that checkpoint through the family registry."""
     import seqio
 
-    import tasks  # noqa: F401 - registers offline_lm
-    from t5x_like import train, train_settings
+    from t5x_like import (
+        tasks,  # noqa: F401 - registers offline_lm
+        train,
+        train_settings,
+    )
     from t5x_like.checkpoints import train_state
 
     vocab = seqio.get_mixture_or_task("offline_lm").output_features["targets"].vocabulary

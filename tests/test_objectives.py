@@ -197,7 +197,7 @@ def test_unknown_objective_is_named():
 @pytest.mark.slow  # builds every objective's dataset (~60 s)
 def test_every_offline_objective_task_yields_examples():
     """The registered tasks run end to end on the real offline corpus, each ending with EOS."""
-    from tasks import offline
+    from t5x_like.tasks import offline
 
     assert len(offline.OFFLINE_TASKS) == 1 + 5 + 4 + 4
     vocab = offline.OfflineVocabulary()

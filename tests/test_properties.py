@@ -151,7 +151,7 @@ def test_token_level_objectives_keep_what_they_must(length, density, seeds, text
 
 
 def test_real_vocabulary_text_never_takes_a_sentinel_id():
-    from tasks.offline import OfflineVocabulary
+    from t5x_like.tasks.offline import OfflineVocabulary
 
     vocab = OfflineVocabulary()
 

@@ -125,7 +125,7 @@ def reference(tmp_path_factory):
 
 
 def _source(corpus_path: str) -> seqio.DataSource:
-    from tasks import bert
+    from t5x_like.tasks import bert
 
     return bert.SentencePerLineSource({"train": corpus_path})
 
@@ -305,7 +305,7 @@ def test_static_masking_equals_the_reference_statistics_and_repeats(reference):
 
 def test_tfrecord_source_reads_the_reference_records_exactly(reference):
     result, corpus, vocab_path, documents = reference
-    from tasks import bert
+    from t5x_like.tasks import bert
 
     records = os.path.join(os.path.dirname(corpus), "reference.tfrecord")
     source = bert.tfrecord_source(train_files=records)
@@ -343,7 +343,7 @@ def test_registered_tasks_read_the_reference_formats(reference):
     `bert_sentence_corpus_pretraining` pairs from the reference's corpus file."""
     import gin
 
-    from tasks import bert  # noqa: F401 - registers the tasks
+    from t5x_like.tasks import bert  # noqa: F401 - registers the tasks
 
     result, corpus, vocab_path, documents = reference
     records = os.path.join(os.path.dirname(corpus), "reference.tfrecord")
@@ -369,7 +369,7 @@ def test_registered_tasks_read_the_reference_formats(reference):
 
 def test_tfrecord_records_longer_than_the_run_fail(reference):
     result, corpus, vocab_path, documents = reference
-    from tasks import bert
+    from t5x_like.tasks import bert
 
     records = os.path.join(os.path.dirname(corpus), "reference.tfrecord")
     ds = bp.from_reference_records(
@@ -400,7 +400,7 @@ def test_a_reference_format_corpus_draws_b_from_all_of_it(reference, monkeypatch
     the same for any task; a group that is no number is refused by name."""
     import gin
 
-    from tasks import bert
+    from t5x_like.tasks import bert
 
     result, corpus, vocab_path, documents = reference
     source = bert.sentence_corpus_source(train_files=corpus)

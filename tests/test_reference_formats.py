@@ -14,7 +14,7 @@ import pytest
 import seqio
 import tensorflow_datasets as tfds
 
-import tasks  # noqa: F401  (registers our tasks)
+from t5x_like import tasks  # noqa: F401  (registers our tasks)
 from tests.oracle import run_oracle
 from tests.oracles import t5_formats
 

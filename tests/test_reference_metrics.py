@@ -26,9 +26,11 @@ import numpy as np
 import pytest
 import seqio
 
-import tasks  # noqa: F401  (registers our tasks)
-from t5x_like import metrics
-from tasks import glue
+from t5x_like import (
+    metrics,
+    tasks,  # noqa: F401  (registers our tasks)
+)
+from t5x_like.tasks import glue
 from tests.oracle import jsonable, run_oracle
 
 GLUE_CLASSIFICATION = ["cola", "sst2", "mrpc", "qqp", "mnli", "qnli", "rte", "wnli"]

@@ -20,8 +20,11 @@ import pytest
 import seqio
 import tensorflow_datasets as tfds
 
-import tasks  # noqa: F401  (registers our tasks and mixtures)
-from t5x_like import evaluation, input_pipeline
+from t5x_like import (
+    evaluation,
+    input_pipeline,
+    tasks,  # noqa: F401  (registers our tasks and mixtures)
+)
 from tests.oracle import run_oracle
 from tests.oracles import t5_formats
 from tests.tiny_tfds import build_tiny

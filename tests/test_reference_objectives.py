@@ -13,9 +13,9 @@ stream: the same chunks, concatenation, splits, noise, random tokens and sentine
 import pytest
 import seqio
 
-import tasks  # noqa: F401  (registers the tasks)
+from t5x_like import tasks  # noqa: F401  (registers the tasks)
 from t5x_like.families.t5 import objectives
-from tasks import c4, pretraining
+from t5x_like.tasks import c4, pretraining
 from tests.oracle import run_oracle
 from tests.tiny_tfds import build_tiny_c4
 from tests.word_vocab import WordVocabulary
@@ -68,7 +68,7 @@ def _lengths(task_name: str, inputs_length: int) -> dict[str, int]:
 @pytest.fixture(scope="module")
 def streams(tmp_path_factory):
     """(ours, reference's) examples for every case and seed."""
-    from tasks import offline
+    from t5x_like.tasks import offline
 
     data_dir = str(tmp_path_factory.mktemp("tfds"))
     for version in ("2.2.0", "3.1.0"):

@@ -68,8 +68,10 @@ def other_vocabulary_task(tmp_path_factory):
     here on the same corpus read backwards): the ids fit the model, the pieces differ."""
     import sentencepiece as spm
 
-    import tasks  # noqa: F401
-    from t5x_like import offline_corpus
+    from t5x_like import (
+        offline_corpus,
+        tasks,  # noqa: F401
+    )
 
     directory = tmp_path_factory.mktemp("spm")
     reversed_text = directory / "reversed.txt"

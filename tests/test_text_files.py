@@ -8,12 +8,14 @@ import gin
 import pytest
 import seqio
 
-import tasks  # noqa: F401  (registers the tasks)
-from t5x_like import input_pipeline
+from t5x_like import (
+    input_pipeline,
+    tasks,  # noqa: F401  (registers the tasks)
+)
 from t5x_like.data import text_files
 from t5x_like.errors import ConfigError
 from t5x_like.families.t5.model import EncoderDecoderModel
-from tasks import offline
+from t5x_like.tasks import offline
 from tests.tiny_tfds import with_offline_vocabulary
 
 PROSE = [
@@ -70,7 +72,7 @@ def test_c4_tasks_read_downloaded_shards_when_bound(tmp_path):
 
 
 def test_without_the_binding_c4_reads_tfds():
-    from tasks import c4
+    from t5x_like.tasks import c4
 
     assert seqio.get_mixture_or_task("c4_v220_span_corruption").source.source is c4.C4_TFDS_SOURCE
 
@@ -324,7 +326,7 @@ _TOKENIZE_ONE_LONG_LINE = """
 import resource, sys
 import gin, tensorflow as tf
 from t5x_like.data import text_files
-from tasks import offline
+from t5x_like.tasks import offline
 gin.bind_parameter("text_files.max_document_chars", int(sys.argv[2]))
 vocabulary = offline.OfflineVocabulary()
 source = text_files.TextFileDataSource({"train": sys.argv[1]})

@@ -87,7 +87,7 @@ def with_offline_vocabulary(task_name: str, new_name: str):
     """The registered task with the offline vocabulary (T5's 32k model is not downloadable)."""
     import seqio
 
-    from tasks import offline, pretraining
+    from t5x_like.tasks import offline, pretraining
 
     variant = seqio.get_mixture_or_task(task_name).replace(
         name=new_name, output_features=pretraining.output_features(offline.OfflineVocabulary())

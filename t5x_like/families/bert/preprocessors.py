@@ -6,7 +6,7 @@
   Masks are drawn afresh each epoch by default; `dupe_factor` gives the reference's static
   masking (a fixed set of `dupe_factor` maskings, 10 in the reference).
 * `from_reference_records`: the TFRecords that the reference's create_pretraining_data.py
-  writes, as the same features (`tasks.bert`'s `bert_tfrecord_pretraining`).
+  writes, as the same features (`bert_tfrecord_pretraining` in tasks/bert.py).
 * `frame_pair`/`frame_single`: fine-tuning inputs — one or two texts tokenized, truncated as
   the reference's `_truncate_seq_pair` does, framed with [CLS]/[SEP] and segment ids, the label
   kept as a number (not text-to-text).
@@ -56,7 +56,7 @@ def max_predictions_for(length: int) -> int:
 # The reference draws a NotNext B from every document of one run of create_pretraining_data.py
 # (its input shard). A streaming pipeline holds the documents of one group at a time; a group
 # this large makes B's document close to uniform over a corpus far beyond the old 64 (the
-# offline task passes its whole corpus; see `tasks.bert`).
+# offline task passes its whole corpus; see tasks/bert.py).
 DOCUMENTS_PER_GROUP = 4096
 # The reference's --random_seed default: static masking (`dupe_factor`) is seeded by it.
 REFERENCE_RANDOM_SEED = 12345
@@ -64,7 +64,7 @@ REFERENCE_RANDOM_SEED = 12345
 
 def document_sentences(ex: Mapping[str, tf.Tensor], text_key: str = "text") -> tf.Tensor:
     """A document's sentences: its `sentences` feature when the source has one (the
-    reference's corpus format, one sentence per line: `tasks.bert.SentencePerLineSource`),
+    reference's corpus format, one sentence per line: `SentencePerLineSource` in tasks/bert.py),
     else `split_sentences` of its text."""
     if "sentences" in ex:
         sentences = tf.strings.strip(ex["sentences"])
