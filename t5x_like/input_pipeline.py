@@ -301,7 +301,7 @@ def steps_for_epochs(
         if not count:
             raise ConfigError(
                 f"Task {task.name!r} cannot count its training examples{why}; "
-                "set Schedule.train_steps instead of Schedule.train_epochs."
+                "set Schedule.train_steps instead, with Schedule.train_epochs=None."
             )
         total += count
     return max(1, int(total / batch_size * epochs))

@@ -243,7 +243,8 @@ def check_batch_size(
     data = math.prod(mesh.shape[a] for a in axes)
     if batch_size % (data * num_microbatches):
         raise ConfigError(
-            f"batch_size={batch_size} must be divisible by data-parallel size ({data}, mesh "
+            f"The batch size (Data.batch_size) {batch_size} must be divisible by the "
+            f"data-parallel size ({data}, mesh "
             f"axes {axes}) x num_microbatches ({num_microbatches}) = {data * num_microbatches}."
         )
 

@@ -301,6 +301,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except ValueError as e:  # gin's, for a binding nothing defines
+        from t5x_like.train_settings import moved_binding
+
+        moved = moved_binding(str(e))
+        if moved is None:
+            raise
+        print(f"error: {moved}", file=sys.stderr)
+        return 2
     print_report(result)
     if args.json:
         with open(args.json, "w") as f:

@@ -193,7 +193,12 @@ def train(
         input_pipeline.check_vocabulary(task_obj, model.config.vocab_size)
         input_pipeline.check_num_labels(task_obj, model)
         for _, lengths in phase_plan:
-            input_pipeline.check_sequence_fits(model, lengths, data.pack)
+            input_pipeline.check_sequence_fits(
+                model,
+                lengths,
+                data.pack,
+                binding="Data.phases" if data.phases else "Data.task_feature_lengths",
+            )
 
         # --- mesh ------------------------------------------------------------------------
         mesh = partitioning.make_mesh()

@@ -4,9 +4,10 @@ a bad step. Each group is a gin-configurable dataclass (`Data.batch_size = 32`,
 `Schedule.kind = 'linear_decay'`, `Checkpointing.every = 1000`), built by `train.train` and
 checked as it is built, before anything is read or written.
 
-The groups replace the 34 flat `train.*` parameters that `train` once took: a binding of an old
-name (`train.batch_size`) is answered with its new one (`moved_binding`), so an older gin file
-fails with an error that says what to write instead.
+The groups hold 29 of the 34 flat `train.*` parameters that `train` once took (it keeps
+model_dir, model_class, seed, log_every and profile_steps): a binding of an old name
+(`train.batch_size`) is answered with its new one (`moved_binding`), so an older gin file fails
+with an error that says what to write instead.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import gin
 
 from t5x_like import config, optimizers
 from t5x_like.errors import ConfigError
+from t5x_like.trainer import NONFINITE_POLICIES
 
 if TYPE_CHECKING:  # (input_pipeline imports TensorFlow: not needed to read settings)
     from t5x_like.input_pipeline import TaskLike
@@ -249,7 +251,20 @@ class Health:
 
     def __post_init__(self) -> None:
         _check(self, {"loss_spike_ratio": config.Number(float, above=1)})
-        object.__setattr__(self, "inject_nonfinite_at_steps", tuple(self.inject_nonfinite_at_steps))
+        if self.nonfinite_policy not in NONFINITE_POLICIES:
+            raise ConfigError(
+                f"Health.nonfinite_policy={self.nonfinite_policy!r}: choose one of "
+                f"{', '.join(NONFINITE_POLICIES)}."
+            )
+        steps = self.inject_nonfinite_at_steps
+        if not isinstance(steps, (list, tuple)) or not all(
+            isinstance(s, int) and not isinstance(s, bool) for s in steps
+        ):
+            raise ConfigError(
+                f"Health.inject_nonfinite_at_steps={steps!r} must be a tuple of step numbers, "
+                "e.g. (1000,)."
+            )
+        object.__setattr__(self, "inject_nonfinite_at_steps", tuple(steps))
 
 
 # train's former flat parameters and the group setting each became.

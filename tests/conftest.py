@@ -38,7 +38,7 @@ def pytest_configure(config):
 @pytest.fixture(autouse=True, scope="session")
 def _register_tasks():
     """The tests name this repository's tasks, as a run does once `gin_setup` has imported
-    `tasks`; the library itself registers none (tests/test_import_structure.py)."""
+    `t5x_like.tasks`; the library itself registers none (tests/test_import_structure.py)."""
     from t5x_like import tasks  # noqa: F401
 
 

@@ -221,7 +221,9 @@ def test_non_utf8_line_in_a_text_source(tmp_path, capsys):
 
 def test_batch_size_not_divisible_by_data_parallel_size_or_microbatches(tmp_path, capsys):
     assert _train(tmp_path, "--gin.Data.batch_size=12") == 2
-    assert "batch_size=12 must be divisible by data-parallel size (8" in _refused(capsys)
+    assert "batch size (Data.batch_size) 12 must be divisible by the data-parallel size (8" in (
+        _refused(capsys)
+    )
     assert _train(tmp_path, "--gin.Optimizer.num_microbatches=3") == 2
     assert "x num_microbatches (3) = 24" in _refused(capsys)
 

@@ -128,6 +128,16 @@ def test_planner_takes_the_runs_settings_from_its_gin_file(tmp_path):
     assert 2 * held["parameters"] <= held["optimizer_state"] < 2 * held["parameters"] + 64
 
 
+@pytest.mark.slow  # a subprocess (~20 s)
+def test_planner_names_the_new_binding_of_an_old_run_file(tmp_path):
+    """A run file of train's former flat settings gets the error `t5x_like.train` gives."""
+    run_gin = tmp_path / "old_run.gin"
+    run_gin.write_text("train.batch_size = 4\n")
+    result, plan = _plan(tmp_path, "--num_devices=2", f"--gin_file={run_gin}")
+    assert result.returncode == 2 and plan is None
+    assert "error: train.batch_size is now Data.batch_size" in result.stderr, result.stderr
+
+
 def test_planner_defaults_and_other_model_classes():
     from t5x_like.errors import ConfigError
     from t5x_like.families.bert.model import BertPretrainingModel

@@ -3,8 +3,8 @@
 same corpus file (one sentence per line, blank lines between documents) and the same
 vocab.txt as our pipeline.
 
-* The reference's corpus format: `tasks.bert.SentencePerLineSource` reads the same documents
-  (ids, in order) as `create_training_instances` does.
+* The reference's corpus format: `t5x_like.tasks.bert.SentencePerLineSource` reads the same
+  documents (ids, in order) as `create_training_instances` does.
 * Its TFRecords: `bert_tfrecord_pretraining`'s source and `from_reference_records` give
   exactly the reference's instances, and the BERT feature converter exactly the records'
   padded features.

@@ -166,7 +166,7 @@ def test_sigterm_during_start_up_exits_zero_and_saves_nothing(tmp_path):
 
 def _stop_and_signal_again_during_the_save(model_dir) -> tuple[int, list[str], bool]:
     """Run, SIGTERM at step 3, then SIGTERM again while the final save's temporary directory
-    exists (the only save: checkpoint_every is beyond reach). Returns the exit code,
+    exists (the only save: Checkpointing.every is beyond reach). Returns the exit code,
     the log's lines, and whether the directory was still there after the second signal was
     sent, i.e. it reached the process while the save was being written."""
     checkpoints = model_dir / "checkpoints"

@@ -178,7 +178,7 @@ def test_gradient_accumulation_equals_full_batch(reference, mesh_shape, layout, 
 def test_micro_batches_that_do_not_split_over_the_data_devices_are_refused():
     """8 rows in 4 micro-batches of 2 over 4 data shards: XLA would pad the shards (and its
     partitioner then produced wrong gradients); the step refuses before compiling."""
-    with pytest.raises(ConfigError, match="divisible by data-parallel size"):
+    with pytest.raises(ConfigError, match="divisible by the data-parallel size"):
         _one_step((4, 2), "model_parallel", num_microbatches=4)
 
 

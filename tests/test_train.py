@@ -161,7 +161,7 @@ def test_resume_with_another_model_is_refused(tmp_path, capsys):
 @pytest.mark.parametrize("notice", ["SIGTERM", "maintenance event"])
 def test_preemption_notice_saves_at_the_current_step_exits_zero_and_resumes(notice, tmp_path):
     """A preemption notice mid-run (SIGTERM, or the Cloud VM metadata server announcing host
-    maintenance): the run saves a checkpoint at the step it was on (not a checkpoint_every
+    maintenance): the run saves a checkpoint at the step it was on (not a Checkpointing.every
     multiple), exits 0, and the same command resumes there."""
     model_dir = tmp_path / "run"
     ckpts = model_dir / "checkpoints"

@@ -59,6 +59,14 @@ def test_a_binding_of_the_group_reaches_the_group():
         (lambda: train_settings.Checkpointing(keep=0), "Checkpointing.keep must be"),
         (lambda: train_settings.Evaluation(loss_every=-1), "Evaluation.loss_every must be"),
         (lambda: train_settings.Health(loss_spike_ratio=1.0), "Health.loss_spike_ratio must be"),
+        (
+            lambda: train_settings.Health(nonfinite_policy="ignore"),
+            "Health.nonfinite_policy='ignore': choose one of stop, skip, none.",
+        ),
+        (
+            lambda: train_settings.Health(inject_nonfinite_at_steps=5),
+            "Health.inject_nonfinite_at_steps=5 must be a tuple of step numbers",
+        ),
     ],
 )
 def test_a_group_refuses_a_bad_value_as_it_is_built(build, message):
