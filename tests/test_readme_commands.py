@@ -397,10 +397,23 @@ def test_module_help_runs(module):
     assert "usage:" in done.stdout
 
 
+# The README's T5-11B plans (48 unrolled layers) compile for 8-14 minutes on 2 cores
+# (benchmarks/README.md, "Memory planner"); beside the rest of the slow set one crossed the
+# 900 s timeout and they take most of CI's margin, so they carry `very_slow`, which CI's run
+# leaves out (`bash launch/test.sh -m very_slow`). CI still plans T5-11B on 32 devices with
+# scanned layers (tests/test_plan.py), and test_plan_gin_files_parse checks these commands' gin.
+PLAN_RUNS = [
+    pytest.param(c, marks=pytest.mark.very_slow, id=f"L{c.line}")
+    if "11B.gin" in c.text
+    else pytest.param(c, id=f"L{c.line}")
+    for c in PLAN_COMMANDS
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("command", PLAN_COMMANDS, ids=_ids(PLAN_COMMANDS))
+@pytest.mark.parametrize("command", PLAN_RUNS)
 def test_plan_command_runs(command):
-    done = _run_python(list(command.argv[1:]), timeout=900)
+    done = _run_python(list(command.argv[1:]), timeout=1800)
     assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
     assert "H100" in done.stdout  # the fit verdicts' table
 
