@@ -71,7 +71,7 @@ def matmul_flop_count(size: int) -> int:
 # ({"xla_cpu_use_onednn": True, "xla_cpu_experimental_onednn_fusion_type":
 # "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}) measured 0-5 % above Eigen on the probe's product but
 # aborted the process now and then (training runs that had imported TensorFlow, which brings
-# its own oneDNN; benchmarks/README.md part 7), so it is not probed: the peak may be that much
+# its own oneDNN; benchmarks/HISTORY.md part 7), so it is not probed: the peak may be that much
 # low.
 CPU_MATMUL_LIBRARIES: dict[str, dict[str, Any]] = {
     "YNNPACK": {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"},

@@ -3,7 +3,7 @@ in a process that will run on the CPU (`apply_cpu_process_settings`: not where J
 an installed TPU/GPU plugin says an accelerator will run, and not with T5X_LIKE_CPU_TUNING=off).
 
 Two things cost the standard CPU benchmark step about a third of its time, neither of them
-arithmetic (`benchmarks/README.md`):
+arithmetic (`benchmarks/HISTORY.md`, "Closing the gap" and its part 2):
 
 - XLA's CPU default hands reductions to its YNNPACK fusions too, and some ran slowly: the
   package asks for YNNPACK on matrix multiplies only

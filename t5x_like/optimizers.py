@@ -97,7 +97,7 @@ def t5_adafactor(learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransfo
     transforms (XLA fuses it into fewer passes over the parameters), and on CPU with the sums
     as matrix-vector products (see `t5x_like.reductions`): the standard benchmark config's
     update with the step's two norm metrics measured 201-236 ms with optax's composition and
-    144-151 ms this way on 2 CPU cores (benchmarks/README).
+    144-151 ms this way on 2 CPU cores (benchmarks/HISTORY.md).
     """
     reference = optax_t5_adafactor(learning_rate)
 

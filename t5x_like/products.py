@@ -5,7 +5,7 @@ are its last (minor) dims; any other product goes to XLA's generic Eigen dot. Au
 such products in every backward pass: a weight gradient xᵀ·dy contracts the rows of both
 operands, and attention's key and value gradients (dSᵀ·q, Pᵀ·dO) contract the query axis of
 both. In the standard T5 step those ran at 60-160 GFLOP/s where the same products with the
-contraction minor run at 150-200 (benchmarks/README.md, part 7): the (32 x 512 x 512)ᵀ ·
+contraction minor run at 150-200 (benchmarks/HISTORY.md, part 7): the (32 x 512 x 512)ᵀ ·
 (512 x 64) value gradient 19 ms against 12 ms, the feed-forward weight gradient 19 ms
 against 16 ms.
 

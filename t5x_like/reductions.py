@@ -6,7 +6,7 @@ loops, about half as fast as a dot) and, far worse, sums over *leading* axes tha
 large trailing block, such as the relative-position bias gradient's sum over the batch of a
 (batch, heads, 512, 512) array: each output element reads one value per batch row, rows
 megabytes apart, and the loop ran at ~0.3 GB/s (111 ms where the same sum as a
-matrix-vector product with a vector of ones takes 2 ms; benchmarks/README.md, part 5).
+matrix-vector product with a vector of ones takes 2 ms; benchmarks/HISTORY.md, part 5).
 
 On TPU and GPU reductions are fast, and a float32 dot at default precision would round its
 inputs (bfloat16 passes, TF32), so there the plain reduction is kept. The dots here use

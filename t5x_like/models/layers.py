@@ -574,7 +574,7 @@ def _heads_major(x: Array) -> Array:
     The attention's products run over (batch, heads) with each head's (length, d) block
     contiguous: with the heads interleaved ((batch, length, heads, d), the projections' own
     layout) XLA CPU's matrix kernel ran the weights-times-values product at 64-85 GFLOP/s
-    against 150 for the same product on contiguous blocks (benchmarks/README.md, part 12).
+    against 150 for the same product on contiguous blocks (benchmarks/HISTORY.md, part 12).
     The swaps are copies of the (small) queries, keys, values and output, not of the scores.
     """
     return jnp.swapaxes(x, 1, 2)
