@@ -403,9 +403,7 @@ def test_module_help_runs(module):
 # leaves out (`bash launch/test.sh -m very_slow`). CI still plans T5-11B on 32 devices with
 # scanned layers (tests/test_plan.py), and test_plan_gin_files_parse checks these commands' gin.
 PLAN_RUNS = [
-    pytest.param(c, marks=pytest.mark.very_slow, id=f"L{c.line}")
-    if "11B.gin" in c.text
-    else pytest.param(c, id=f"L{c.line}")
+    pytest.param(c, marks=[pytest.mark.very_slow] if "11B.gin" in c.text else [], id=f"L{c.line}")
     for c in PLAN_COMMANDS
 ]
 
