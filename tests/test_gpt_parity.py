@@ -156,3 +156,31 @@ def test_t5_style_language_model_refuses_a_transformers_export():
         hf_gpt.hf_config(
             GPTConfig(norm="rms_norm", position_encoding="relative", pre_layer_norm=True)
         )
+
+
+def test_openai_gpt_gelu_is_the_tanh_approximation():
+    """transformers' OpenAI GPT maps afn='gelu' to the tanh GELU (its ACT_FNS: gelu_new), as
+    OpenAI's train.py computes it; GPT-2's 'gelu' is the exact one. Feed-forward inputs of
+    order 1, an output layer that passes them on and logits of order 1 (c_fc, the MLP's c_proj
+    and the tied embedding scaled up) make the two differ far beyond the tolerance, so the
+    import must pick the right one to match."""
+    import dataclasses
+
+    model = _reference("openai-gpt")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("mlp.c_fc.weight", "mlp.c_proj.weight")):
+                p.mul_(40.0)
+            if name.endswith("tokens_embed.weight"):
+                p.mul_(20.0)
+    cfg = hf_gpt.config_from_hf(model.config.to_dict())
+    assert cfg.activation == "gelu"
+    params = hf_gpt.params_from_hf({k: v.numpy() for k, v in model.state_dict().items()}, cfg)
+    ids = np.random.default_rng(1).integers(0, SIZES["vocab_size"], (2, 13))
+    with torch.no_grad():
+        ref = model(torch.tensor(ids)).logits.numpy()
+    ours = gpt_network.DecoderOnly(cfg).apply({"params": params}, jnp.asarray(ids))
+    np.testing.assert_allclose(np.asarray(ours), ref, atol=1e-4, rtol=1e-4)
+    exact = dataclasses.replace(cfg, activation="gelu_exact")
+    wrong = gpt_network.DecoderOnly(exact).apply({"params": params}, jnp.asarray(ids))
+    assert np.max(np.abs(np.asarray(wrong) - ref)) > 1e-3

@@ -20,12 +20,13 @@ from t5x_like.families.gpt.network import DecoderOnly, GPTConfig
 Tensor = np.ndarray
 Params = dict[str, Any]
 
-# HF activation names -> ours ('gelu' is the exact erf GELU in transformers' table).
+# HF activation names -> ours, per model type. The same name means different functions: in
+# GPT-2's table (ACT2FN) 'gelu' is the exact erf GELU, while OpenAI GPT's own table (ACT_FNS in
+# modeling_openai.py) maps 'gelu' to the tanh approximation, the GELU of OpenAI's released
+# train.py. Ours: 'gelu' is the tanh approximation, 'gelu_exact' the erf one.
 _ACTIVATIONS = {
-    "gelu": "gelu_exact",
-    "gelu_new": "gelu",
-    "gelu_pytorch_tanh": "gelu",
-    "relu": "relu",
+    "gpt2": {"gelu": "gelu_exact", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "relu": "relu"},
+    "openai-gpt": {"gelu": "gelu", "relu": "relu"},
 }
 # Per family: (model_type, embeddings, layer norms in block order, final norm or None)
 _LAYOUTS = {
@@ -38,8 +39,9 @@ def config_from_hf(hf: dict[str, Any]) -> GPTConfig:
     model_type = hf.get("model_type", "gpt2")
     act_key = "afn" if model_type == "openai-gpt" else "activation_function"
     act = hf.get(act_key, "gelu" if model_type == "openai-gpt" else "gelu_new")
-    if act not in _ACTIVATIONS:
-        raise CheckpointError(f"config.json {act_key}={act!r}; supported: {sorted(_ACTIVATIONS)}.")
+    activations = _ACTIVATIONS["openai-gpt" if model_type == "openai-gpt" else "gpt2"]
+    if act not in activations:
+        raise CheckpointError(f"config.json {act_key}={act!r}; supported: {sorted(activations)}.")
     hidden = hf.get("n_embd", 768)
     return GPTConfig(
         vocab_size=hf.get("vocab_size", 40478),
@@ -53,7 +55,7 @@ def config_from_hf(hf: dict[str, Any]) -> GPTConfig:
         layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-5),
         initializer_range=hf.get("initializer_range", 0.02),
         pre_layer_norm=model_type == "gpt2",
-        activation=_ACTIVATIONS[act],
+        activation=activations[act],
         scale_residual_init=model_type == "gpt2",
     )
 
@@ -78,7 +80,18 @@ def hf_config(cfg: GPTConfig) -> dict[str, Any]:
             "only GPT-1/GPT-2-style models export (T5-style language models "
             "stay in this codebase's checkpoint format)."
         )
-    act = {v: k for k, v in _ACTIVATIONS.items() if k != "gelu_pytorch_tanh"}[cfg.activation]
+    names = {
+        ours: theirs
+        for theirs, ours in _ACTIVATIONS[_family(cfg)].items()
+        if theirs != "gelu_pytorch_tanh"
+    }
+    if cfg.activation not in names:
+        raise CheckpointError(
+            f"activation={cfg.activation!r} has no name in transformers' "
+            f"{_family(cfg)} models (they offer {sorted(names)}); OpenAI GPT's 'gelu' is the "
+            "tanh approximation, our 'gelu'."
+        )
+    act = names[cfg.activation]
     common = {
         "vocab_size": cfg.vocab_size,
         "n_positions": cfg.max_position_embeddings,
