@@ -96,7 +96,7 @@ ensure_venv() {
   [ -x .venv/bin/python ] || "$python" -m venv .venv
   # shellcheck disable=SC1091
   source .venv/bin/activate
-  want="$(cat pyproject.toml requirements/lock.txt requirements/oracles.txt | sha256sum | cut -c1-16)"
+  want="$(cat pyproject.toml requirements/lock.txt requirements/oracles*.txt | sha256sum | cut -c1-16)"
   stamp=.venv/.t5x_like_installed
   # The stamp holds "<hash> <extra>"; an install with the test extra also serves plain runs.
   local have
@@ -110,11 +110,14 @@ ensure_venv() {
   fi
 }
 
-# The reference code the data-path tests compare against (requirements/oracles.txt), without
-# its dependencies, into a folder only the tests' oracle processes put on their path.
+# The reference code the data-path tests compare against (requirements/oracles.txt), and
+# transformers 4 for the checkpoint-format tests (requirements/oracles_transformers4.txt),
+# without their dependencies, into folders only the tests' oracle processes put on their path.
 install_oracles() {
-  rm -rf .venv/oracles
+  rm -rf .venv/oracles .venv/oracles_transformers4
   python -m pip install --quiet --no-deps --target .venv/oracles -r requirements/oracles.txt
+  python -m pip install --quiet --no-deps --target .venv/oracles_transformers4 \
+    -r requirements/oracles_transformers4.txt
 }
 
 # Add jax's accelerator build at the locked jax version: KIND is "tpu" (libtpu) or "gpu"

@@ -1,6 +1,7 @@
 """Convert HuggingFace checkpoints to ours and back, optionally verifying them.
 
     python -m t5x_like.convert --from_hf DIR --to CKPT_DIR [--verify] [--layout scanned]
+    python -m t5x_like.convert --from_original DIR --to CKPT_DIR [--layout scanned]
     python -m t5x_like.convert --from_ckpt CKPT_DIR --to_hf DIR        (T5, BERT, GPT)
     python -m t5x_like.convert --from_ckpt CKPT_DIR --to CKPT_DIR --layout scanned|per_layer
 
@@ -18,6 +19,11 @@ BertForPreTraining for a pretraining run, BertForQuestionAnswering for a
 SQuAD model, BertForSequenceClassification for a classifier (or, with `--hf_architecture`,
 BertForMultipleChoice / BertForTokenClassification); fine-tuned HF checkpoints of those
 classes import too.
+
+`--from_original` reads a checkpoint in the format its authors released, recognised from its
+files: Google's TF1 BERT (`bert_config.json`, `vocab.txt`, `bert_model.ckpt.*`) and OpenAI's
+GPT-1 (`params_shapes.json`, `params_{0..9}.npy`, `encoder_bpe_40000.json`,
+`vocab_40000.bpe`). Its tokenizer files are kept in CKPT_DIR/tokenizer/.
 """
 
 from __future__ import annotations
@@ -28,7 +34,14 @@ import sys
 from typing import Any, Callable
 
 from t5x_like import logs
-from t5x_like.checkpoints import hf_families, hf_files, params_io, scan_layout
+from t5x_like.checkpoints import (
+    hf_families,
+    hf_files,
+    original_formats,
+    params_io,
+    scan_layout,
+    tokenizer_files,
+)
 from t5x_like.errors import CheckpointError
 
 
@@ -55,6 +68,20 @@ def _import(args: argparse.Namespace) -> int:
     if args.layout == "scanned":
         config, params = _relayout(config, params, scanned=True)
     _write(functools.partial(params_io.save_params, args.to, params, config), args.to, params)
+    return 0
+
+
+def _import_original(args: argparse.Namespace) -> int:
+    original = original_formats.for_path(args.from_original)
+    logs.log(f"Reading {args.from_original} as {original.name}")
+    imported = original.load(args.from_original)
+    config, params = imported.config, imported.params
+    logs.log(f"Read {args.from_original}: {config}")
+    if args.layout == "scanned":
+        config, params = _relayout(config, params, scanned=True)
+    _write(functools.partial(params_io.save_params, args.to, params, config), args.to, params)
+    kept = tokenizer_files.save(args.to, imported.tokenizer_files, imported.vocabulary)
+    logs.log(f"Kept its tokenizer ({', '.join(imported.tokenizer_files)}) in {kept}")
     return 0
 
 
@@ -118,7 +145,13 @@ def _export(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--from_hf", help="HuggingFace checkpoint directory to import")
-    parser.add_argument("--to", help="output orbax checkpoint directory (with --from_hf)")
+    parser.add_argument(
+        "--from_original",
+        help="a checkpoint in its authors' format (Google TF1 BERT, OpenAI GPT-1) to import",
+    )
+    parser.add_argument(
+        "--to", help="output orbax checkpoint directory (with --from_hf or --from_original)"
+    )
     parser.add_argument(
         "--verify",
         action="store_true",
@@ -147,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.from_hf and args.to:
             return _import(args)
+        if args.from_original and args.to:
+            return _import_original(args)
         if args.from_ckpt and args.to_hf:
             return _export(args)
         if args.from_ckpt and args.to and args.layout:
@@ -155,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     parser.error(
-        "give --from_hf DIR --to CKPT_DIR, --from_ckpt CKPT_DIR --to_hf DIR, or "
+        "give --from_hf DIR --to CKPT_DIR, --from_original DIR --to CKPT_DIR, "
+        "--from_ckpt CKPT_DIR --to_hf DIR, or "
         "--from_ckpt CKPT_DIR --to CKPT_DIR --layout scanned|per_layer"
     )
     return 2

@@ -63,6 +63,25 @@ def remove_tree(path: str) -> None:
     _tf().io.gfile.rmtree(path)
 
 
+def tensorflow() -> Any:
+    """TensorFlow itself, for readers that take a path straight to TF (`tf.train.load_checkpoint`
+    reads a TF1 checkpoint from disk or a bucket alike)."""
+    return _tf()
+
+
+def read_bytes(path: str) -> bytes:
+    with _tf().io.gfile.GFile(path, "rb") as f:
+        return f.read()
+
+
+def copy_file(source: str, destination: str) -> None:
+    """Copy one file (local or remote, either side), creating the destination's directory."""
+    directory = os.path.dirname(destination)
+    if directory:
+        makedirs(directory)
+    _tf().io.gfile.copy(source, destination, overwrite=True)
+
+
 def read_text(path: str) -> str:
     with _tf().io.gfile.GFile(path, "r") as f:
         return f.read()

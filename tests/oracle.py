@@ -24,22 +24,38 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 ORACLE_SCRIPTS = REPO / "tests" / "oracles"
 
 
-def oracle_dir() -> pathlib.Path:
-    """Where the reference packages are installed (T5X_LIKE_ORACLES overrides)."""
-    return pathlib.Path(os.environ.get("T5X_LIKE_ORACLES", REPO / ".venv" / "oracles"))
+# The two sets of reference packages: the released T5 library and Google's BERT code
+# (requirements/oracles.txt), and transformers 4.57.6, the last release with the loaders of the
+# original checkpoint formats (requirements/oracles_transformers4.txt). {set: (its folder under
+# .venv, its requirements file, the packages that show it is installed)}.
+REFERENCE = "oracles"
+TRANSFORMERS4 = "oracles_transformers4"
+_SETS = {
+    REFERENCE: ("requirements/oracles.txt", ("t5", "bert")),
+    TRANSFORMERS4: ("requirements/oracles_transformers4.txt", ("transformers",)),
+}
 
 
-def run_oracle(script: str, payload: Any, timeout: float = 600) -> Any:
-    """Run tests/oracles/<script>.py on `payload` (JSON) with the reference code importable."""
-    packages = oracle_dir()
-    if not (packages / "t5").is_dir() or not (packages / "bert").is_dir():
+def oracle_dir(packages: str = REFERENCE) -> pathlib.Path:
+    """Where a set of reference packages is installed (T5X_LIKE_ORACLES overrides the first)."""
+    if packages == REFERENCE and "T5X_LIKE_ORACLES" in os.environ:
+        return pathlib.Path(os.environ["T5X_LIKE_ORACLES"])
+    return REPO / ".venv" / packages
+
+
+def run_oracle(script: str, payload: Any, timeout: float = 600, packages: str = REFERENCE) -> Any:
+    """Run tests/oracles/<script>.py on `payload` (JSON) with the reference code of `packages`
+    (REFERENCE or TRANSFORMERS4) importable ahead of the venv's own."""
+    requirements, names = _SETS[packages]
+    folder = oracle_dir(packages)
+    if not all((folder / name).is_dir() for name in names):
         raise RuntimeError(
-            f"The reference code is not installed in {packages}: run `bash launch/test.sh` "
-            "(it installs requirements/oracles.txt), or `pip install --no-deps --target "
-            f"{packages} -r requirements/oracles.txt`."
+            f"The reference code is not installed in {folder}: run `bash launch/test.sh` "
+            f"(it installs {requirements}), or `pip install --no-deps --target "
+            f"{folder} -r {requirements}`."
         )
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(packages), str(REPO)])
+    env["PYTHONPATH"] = os.pathsep.join([str(folder), str(REPO)])
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     env["CUDA_VISIBLE_DEVICES"] = ""
     done = subprocess.run(

@@ -31,10 +31,13 @@ Tensor = np.ndarray
 Params = dict[str, Any]
 
 
-def config_from_hf(hf: dict[str, Any]) -> BertConfig:
+def config_from_hf(hf: dict[str, Any], source: str = "config.json") -> BertConfig:
+    """Our config from HF's config.json, or Google's bert_config.json (the same keys)."""
     act = hf.get("hidden_act", "gelu")
     if act != "gelu":
-        raise CheckpointError(f"config.json hidden_act={act!r}; BERT uses the exact 'gelu'.")
+        raise CheckpointError(
+            f"{source} hidden_act={act!r}; this BERT has the 'gelu' activation only."
+        )
     return BertConfig(
         vocab_size=hf.get("vocab_size", 30522),
         hidden_size=hf.get("hidden_size", 768),
@@ -214,8 +217,17 @@ def params_to_hf(
 # ------------------------------------------------------------------------------ files
 def load_hf_checkpoint(checkpoint_dir: str) -> tuple[BertConfig, Params]:
     """(config, params) from a HuggingFace BERT directory, shapes checked against the config."""
-    cfg = config_from_hf(read_config(checkpoint_dir))
-    params = params_from_hf(read_tensors(checkpoint_dir), cfg)
+    return from_hf_tensors(read_config(checkpoint_dir), read_tensors(checkpoint_dir))
+
+
+def from_hf_tensors(
+    hf: dict[str, Any], tensors: dict[str, Tensor], source: str = "config.json"
+) -> tuple[BertConfig, Params]:
+    """(config, params) from a config in HF's keys and tensors under HF's names (a HuggingFace
+    directory's, or Google's TF1 checkpoint renamed), every shape checked against the config
+    (`source` names the config file in the message)."""
+    cfg = config_from_hf(hf, source)
+    params = params_from_hf(tensors, cfg)
     expected = expected_params(cfg)
     head = next((h for h in FINE_TUNING_HEADS if h in params), None)
     if head:  # the head's shape is the checkpoint's own (its number of labels)
@@ -227,7 +239,7 @@ def load_hf_checkpoint(checkpoint_dir: str) -> tuple[BertConfig, Params]:
         if tuple(got.shape) != tuple(want.shape):
             raise CheckpointError(
                 f"Tensor {hf_name} gives shape {tuple(got.shape)} for "
-                f"{'/'.join(path)}, but config.json implies "
+                f"{'/'.join(path)}, but {source} implies "
                 f"{tuple(want.shape)}."
             )
     return cfg, params

@@ -1,0 +1,63 @@
+"""Oracle: transformers 4.57.6's loaders of the original checkpoint formats
+(`load_tf_weights_in_bert`, `load_tf_weights_in_openai_gpt`, `load_tf_weights_in_t5`), each
+filling transformers' PyTorch model, which then runs on the payload's batch.
+
+Payload (one of):
+  {"format": "bert", "checkpoint": TF prefix, "config": bert_config.json path,
+   "ids": [[int]], "segments": [[int]], "mask": [[int]]}
+  {"format": "openai-gpt", "directory": release folder, "config": {OpenAIGPTConfig kwargs},
+   "ids": [[int]]}
+
+Returns the model's outputs as nested lists: BERT's {"mlm_logits", "nsp_logits", "sequence",
+"pooled"}, GPT's {"logits"}.
+"""
+
+from tests.oracle import oracle_main
+
+
+def _bert(payload):
+    import torch
+    import transformers
+    from transformers.models.bert.modeling_bert import load_tf_weights_in_bert
+
+    config = transformers.BertConfig.from_json_file(payload["config"])
+    model = transformers.BertForPreTraining(config)
+    load_tf_weights_in_bert(model, config, payload["checkpoint"])
+    model.eval()
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.tensor(payload["ids"]),
+            token_type_ids=torch.tensor(payload["segments"]),
+            attention_mask=torch.tensor(payload["mask"]),
+            output_hidden_states=True,
+        )
+        pooled = model.bert.pooler(out.hidden_states[-1])
+    return {
+        "mlm_logits": out.prediction_logits.tolist(),
+        "nsp_logits": out.seq_relationship_logits.tolist(),
+        "sequence": out.hidden_states[-1].tolist(),
+        "pooled": pooled.tolist(),
+    }
+
+
+def _openai_gpt(payload):
+    import torch
+    import transformers
+    from transformers.models.openai.modeling_openai import load_tf_weights_in_openai_gpt
+
+    config = transformers.OpenAIGPTConfig(**payload["config"])
+    model = transformers.OpenAIGPTLMHeadModel(config)
+    load_tf_weights_in_openai_gpt(model.transformer, config, payload["directory"])
+    model.tie_weights()
+    model.eval()
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor(payload["ids"])).logits
+    return {"logits": logits.tolist()}
+
+
+def compute(payload):
+    return {"bert": _bert, "openai-gpt": _openai_gpt}[payload["format"]](payload)
+
+
+if __name__ == "__main__":
+    oracle_main(compute)

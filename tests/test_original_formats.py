@@ -1,0 +1,381 @@
+"""`convert --from_original`: Google's TF1 BERT release and OpenAI's GPT-1 release, imported
+and checked against transformers 4.57.6's own loaders of those formats
+(`load_tf_weights_in_bert`, `load_tf_weights_in_openai_gpt`, run in an oracle process from
+requirements/oracles_transformers4.txt): the same fixture, written in the original format from
+random weights, goes through their loader into transformers' PyTorch model and through ours
+into our checkpoint, and the logits agree to 1e-4 (float32). Every kind of refusal writes
+nothing.
+
+The fixtures name their variables and order their arrays from the releases' own code (BERT:
+modeling.py and run_pretraining.py of google-research/bert; GPT-1: train.py of
+openai/finetune-transformer-lm), not from our importers' tables. Weights are drawn larger than
+the releases' N(0, 0.02) initialisation, so a wrong transpose, activation or layer norm shows
+far above the tolerance.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from t5x_like import convert
+from t5x_like.checkpoints import params_io, tokenizer_files
+from tests.oracle import TRANSFORMERS4, run_oracle
+
+pytest.importorskip("torch")
+
+TOLERANCE = 1e-4
+
+# ------------------------------------------------------------------------------ BERT
+BERT_CONFIG = {
+    "attention_probs_dropout_prob": 0.1,
+    "hidden_act": "gelu",
+    "hidden_dropout_prob": 0.1,
+    "hidden_size": 32,
+    "initializer_range": 0.02,
+    "intermediate_size": 64,
+    "max_position_embeddings": 24,
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "type_vocab_size": 2,
+    "vocab_size": 40,
+}
+
+
+def _bert_vocab(cased: bool) -> list[str]:
+    words = ["the", "a", "cat", "sat", "on", "mat", "##s", "##ed", "dog", "ran"]
+    if cased:
+        words += ["The", "Cat"]
+    pieces = ["[PAD]", "[unused0]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]
+    pieces += [f"x{i}" for i in range(BERT_CONFIG["vocab_size"] - len(pieces))]
+    return pieces
+
+
+def _bert_variables(config: dict, heads: bool, rng) -> dict[str, np.ndarray]:
+    """Google's variable names and shapes (modeling.py: embedding_lookup,
+    embedding_postprocessor, transformer_model, the pooler; run_pretraining.py:
+    get_masked_lm_output, get_next_sentence_output)."""
+    h, ff, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    shapes = {
+        "bert/embeddings/word_embeddings": (v, h),
+        "bert/embeddings/token_type_embeddings": (config["type_vocab_size"], h),
+        "bert/embeddings/position_embeddings": (config["max_position_embeddings"], h),
+        "bert/embeddings/LayerNorm/beta": (h,),
+        "bert/embeddings/LayerNorm/gamma": (h,),
+        "bert/pooler/dense/kernel": (h, h),
+        "bert/pooler/dense/bias": (h,),
+    }
+    for i in range(config["num_hidden_layers"]):
+        layer = f"bert/encoder/layer_{i}"
+        for name in ("query", "key", "value"):
+            shapes[f"{layer}/attention/self/{name}/kernel"] = (h, h)
+            shapes[f"{layer}/attention/self/{name}/bias"] = (h,)
+        shapes[f"{layer}/attention/output/dense/kernel"] = (h, h)
+        shapes[f"{layer}/attention/output/dense/bias"] = (h,)
+        shapes[f"{layer}/attention/output/LayerNorm/beta"] = (h,)
+        shapes[f"{layer}/attention/output/LayerNorm/gamma"] = (h,)
+        shapes[f"{layer}/intermediate/dense/kernel"] = (h, ff)
+        shapes[f"{layer}/intermediate/dense/bias"] = (ff,)
+        shapes[f"{layer}/output/dense/kernel"] = (ff, h)
+        shapes[f"{layer}/output/dense/bias"] = (h,)
+        shapes[f"{layer}/output/LayerNorm/beta"] = (h,)
+        shapes[f"{layer}/output/LayerNorm/gamma"] = (h,)
+    if heads:
+        shapes.update(
+            {
+                "cls/predictions/transform/dense/kernel": (h, h),
+                "cls/predictions/transform/dense/bias": (h,),
+                "cls/predictions/transform/LayerNorm/beta": (h,),
+                "cls/predictions/transform/LayerNorm/gamma": (h,),
+                "cls/predictions/output_bias": (v,),
+                "cls/seq_relationship/output_weights": (2, h),
+                "cls/seq_relationship/output_bias": (2,),
+            }
+        )
+    variables = {}
+    for name, shape in shapes.items():
+        value = rng.normal(0.0, 0.3, shape)
+        if name.endswith("gamma"):
+            value = 1.0 + value
+        variables[name] = value.astype(np.float32)
+    return variables
+
+
+def _save_tf_checkpoint(prefix: str, variables: dict[str, np.ndarray]) -> None:
+    """A TF1 checkpoint (NAME.index + NAME.data-00000-of-00001) with exactly these names."""
+    import tensorflow as tf
+
+    names = sorted(variables)
+    tf.raw_ops.SaveV2(
+        prefix=prefix,
+        tensor_names=names,
+        shape_and_slices=[""] * len(names),
+        tensors=[tf.constant(variables[n]) for n in names],
+    )
+
+
+def _bert_release(
+    directory, heads=True, cased=False, config=None, extra=None, drop=(), seed=0
+) -> None:
+    """A directory laid out as `uncased_L-12_H-768_A-12.zip` unpacks, with random weights and
+    (as a pretraining run's output has) Adam's slot variables and the step beside them."""
+    config = config or BERT_CONFIG
+    directory.mkdir(parents=True, exist_ok=True)
+    variables = _bert_variables(BERT_CONFIG, heads, np.random.default_rng(seed))
+    optimizer = {f"{n}/adam_m": np.zeros_like(v) for n, v in list(variables.items())[:3]}
+    optimizer["global_step"] = np.array(1000, np.int64)
+    variables = {**variables, **optimizer, **(extra or {})}
+    for name in drop:
+        del variables[name]
+    _save_tf_checkpoint(str(directory / "bert_model.ckpt"), variables)
+    (directory / "bert_config.json").write_text(json.dumps(config, indent=2))
+    (directory / "vocab.txt").write_text("\n".join(_bert_vocab(cased)) + "\n")
+
+
+def _bert_batch():
+    rng = np.random.default_rng(7)
+    ids = rng.integers(1, BERT_CONFIG["vocab_size"], (2, 11))
+    ids[0, -3:] = 0
+    segments = np.zeros_like(ids)
+    segments[:, 5:] = 1
+    return ids, segments, (ids != 0).astype(np.int64)
+
+
+def _restored(checkpoint_dir):
+    import jax
+
+    directory = params_io.checkpoint_directory(str(checkpoint_dir))
+    return params_io.restore_config(directory), jax.device_get(
+        params_io.restore_saved_params(directory)
+    )
+
+
+def _convert_original(source, destination) -> int:
+    return convert.main(["--from_original", str(source), "--to", str(destination)])
+
+
+@pytest.mark.parametrize("heads", [True, False], ids=["pretraining_heads", "encoder_only"])
+def test_google_bert_equals_transformers_tf_loader(tmp_path, heads):
+    import jax.numpy as jnp
+
+    from t5x_like.families.bert import network as bert
+
+    _bert_release(tmp_path / "release", heads=heads)
+    assert _convert_original(tmp_path / "release", tmp_path / "ours") == 0
+    ids, segments, mask = _bert_batch()
+    reference = run_oracle(
+        "transformers_tf_loaders",
+        {
+            "format": "bert",
+            "checkpoint": str(tmp_path / "release" / "bert_model.ckpt"),
+            "config": str(tmp_path / "release" / "bert_config.json"),
+            "ids": ids.tolist(),
+            "segments": segments.tolist(),
+            "mask": mask.tolist(),
+        },
+        packages=TRANSFORMERS4,
+    )
+    config, params = _restored(tmp_path / "ours")
+    real = mask.astype(bool)
+    args = (jnp.asarray(ids), jnp.asarray(segments), jnp.asarray(mask))
+    sequence, pooled = bert.BertEncoder(config).apply({"params": params["encoder"]}, *args)
+    np.testing.assert_allclose(
+        np.asarray(sequence)[real], np.asarray(reference["sequence"])[real], atol=TOLERANCE
+    )
+    np.testing.assert_allclose(np.asarray(pooled), reference["pooled"], atol=TOLERANCE)
+    if heads:
+        out = bert.BertForPreTraining(config).apply({"params": params}, *args)
+        np.testing.assert_allclose(
+            np.asarray(out["mlm_logits"])[real],
+            np.asarray(reference["mlm_logits"])[real],
+            atol=TOLERANCE,
+        )
+        np.testing.assert_allclose(out["nsp_logits"], reference["nsp_logits"], atol=TOLERANCE)
+    else:
+        assert "mlm" not in params and "nsp" not in params
+
+
+@pytest.mark.parametrize("cased", [False, True], ids=["uncased", "cased"])
+def test_google_bert_vocab_travels_with_the_checkpoint(tmp_path, cased):
+    """vocab.txt is kept beside the weights, described as a WordPiece vocabulary that lower-cases
+    when the release is uncased; our WordPiece tokenizer reads it back with the release's ids."""
+    from t5x_like.data.wordpiece import WordPieceVocabulary
+
+    _bert_release(tmp_path / "release", cased=cased)
+    assert _convert_original(tmp_path / "release", tmp_path / "ours") == 0
+    described = tokenizer_files.description(str(tmp_path / "ours"))
+    assert described is not None
+    assert described["type"] == "wordpiece" and described["lower_case"] is (not cased)
+    kept = tmp_path / "ours" / "tokenizer" / "vocab.txt"
+    assert kept.read_text() == (tmp_path / "release" / "vocab.txt").read_text()
+    vocabulary = WordPieceVocabulary(str(kept), lower_case=described["lower_case"])
+    pieces = _bert_vocab(cased)
+    text = "The cat sat" if cased else "the cat sat"
+    assert vocabulary.encode(text) == [pieces.index(w) for w in text.split()]
+
+
+def _refused(tmp_path, capsys, source=None) -> str:
+    destination = tmp_path / "ours"
+    assert _convert_original(source or tmp_path / "release", destination) == 2
+    assert not destination.exists(), "a refused import wrote something"
+    return capsys.readouterr().err
+
+
+def test_google_bert_refusals(tmp_path, capsys):
+    h = BERT_CONFIG["hidden_size"]
+    # A variable BERT does not have (run_classifier.py's task head, say).
+    _bert_release(
+        tmp_path / "release",
+        extra={"output_weights": np.zeros((3, h), np.float32), "output_bias": np.zeros(3)},
+    )
+    err = _refused(tmp_path, capsys)
+    assert "output_bias, output_weights" in err and "does not have" in err
+
+    # A shape the config does not imply.
+    _bert_release(tmp_path / "wide", config={**BERT_CONFIG, "intermediate_size": 48})
+    err = _refused(tmp_path, capsys, tmp_path / "wide")
+    assert "intermediate.dense.weight gives shape" in err and "bert_config.json implies" in err
+
+    # An activation this BERT does not compute.
+    _bert_release(tmp_path / "relu", config={**BERT_CONFIG, "hidden_act": "relu"})
+    assert "hidden_act='relu'" in _refused(tmp_path, capsys, tmp_path / "relu")
+
+    # A variable the config implies but the checkpoint lacks.
+    _bert_release(tmp_path / "short", drop=("bert/encoder/layer_1/output/dense/kernel",))
+    err = _refused(tmp_path, capsys, tmp_path / "short")
+    assert "lacks 1 variable(s)" in err and "bert/encoder/layer_1/output/dense/kernel" in err
+
+    # Another model's vocabulary, and none at all.
+    _bert_release(tmp_path / "vocab")
+    (tmp_path / "vocab" / "vocab.txt").write_text("\n".join(_bert_vocab(False)[:30]) + "\n")
+    err = _refused(tmp_path, capsys, tmp_path / "vocab")
+    assert "has 30 pieces but bert_config.json says vocab_size=40" in err
+    (tmp_path / "vocab" / "vocab.txt").unlink()
+    assert "No vocab.txt" in _refused(tmp_path, capsys, tmp_path / "vocab")
+
+    # A truncated data file.
+    _bert_release(tmp_path / "cut")
+    (data,) = (tmp_path / "cut").glob("bert_model.ckpt.data-*")
+    data.write_bytes(data.read_bytes()[:100])
+    assert "fetch it again" in _refused(tmp_path, capsys, tmp_path / "cut")
+
+
+def test_a_directory_in_no_known_format_is_refused(tmp_path, capsys):
+    (tmp_path / "stuff").mkdir()
+    (tmp_path / "stuff" / "notes.txt").write_text("hello")
+    err = _refused(tmp_path, capsys, tmp_path / "stuff")
+    assert "Google BERT (TF1)" in err and "OpenAI GPT-1 release" in err and "--from_hf" in err
+
+
+# ------------------------------------------------------------------------------ GPT-1
+GPT = {"n_ctx": 16, "n_embd": 48, "n_layer": 2, "n_vocab": 50}  # 12 heads of 4
+
+
+def _gpt_arrays(rng, n_embd=GPT["n_embd"]) -> tuple[list[np.ndarray], list[str]]:
+    """The arrays of OpenAI's release in train.py's order (`we`'s two tables, then per block
+    the variables `block` creates: attn's c_attn and c_proj, ln_1, mlp's c_fc and c_proj,
+    ln_2), with the TF names transformers' loader reads from parameters_names.json."""
+    d = n_embd
+    arrays = [rng.normal(0, 0.3, (GPT["n_ctx"], d)), rng.normal(0, 0.3, (GPT["n_vocab"], d))]
+    names = ["model/we:0"]
+    for i in range(GPT["n_layer"]):
+        block = [
+            ("attn/c_attn/w", (1, d, 3 * d)),
+            ("attn/c_attn/b", (3 * d,)),
+            ("attn/c_proj/w", (1, d, d)),
+            ("attn/c_proj/b", (d,)),
+            ("ln_1/g", (d,)),
+            ("ln_1/b", (d,)),
+            ("mlp/c_fc/w", (1, d, 4 * d)),
+            ("mlp/c_fc/b", (4 * d,)),
+            ("mlp/c_proj/w", (1, 4 * d, d)),
+            ("mlp/c_proj/b", (d,)),
+            ("ln_2/g", (d,)),
+            ("ln_2/b", (d,)),
+        ]
+        for name, shape in block:
+            value = rng.normal(0, 0.3, shape)
+            arrays.append(1.0 + value if name.endswith("/g") else value)
+            names.append(f"model/h{i}/{name}:0")
+    return [a.astype(np.float32) for a in arrays], names
+
+
+def _gpt_release(directory, seed=0, n_embd=GPT["n_embd"], vocab_entries=None) -> None:
+    """finetune-transformer-lm's model/ folder: the arrays concatenated and cut into ten
+    .npy files, their shapes, and the BPE encoder and merges (plus parameters_names.json,
+    which transformers' loader asks for beside them)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    arrays, names = _gpt_arrays(np.random.default_rng(seed), n_embd)
+    flat = np.concatenate([a.reshape(-1) for a in arrays])
+    for n, piece in enumerate(np.array_split(flat, 10)):
+        np.save(directory / f"params_{n}.npy", piece)
+    (directory / "params_shapes.json").write_text(json.dumps([list(a.shape) for a in arrays]))
+    (directory / "parameters_names.json").write_text(json.dumps(names))
+    tokens = ["t</w>", "h", "e</w>", "th", "the</w>", "c", "a", "t", "cat</w>"]
+    tokens += [f"w{i}</w>" for i in range(GPT["n_vocab"] - len(tokens))]
+    tokens = tokens[: vocab_entries or GPT["n_vocab"]]
+    (directory / "encoder_bpe_40000.json").write_text(
+        json.dumps({t: i for i, t in enumerate(tokens)})
+    )
+    (directory / "vocab_40000.bpe").write_text("#version: 0.2\nt h\nth e</w>\nc a\nca t</w>\n")
+
+
+def test_openai_gpt1_release_equals_transformers_loader(tmp_path):
+    import jax.numpy as jnp
+
+    from t5x_like.families.gpt.network import DecoderOnly
+
+    _gpt_release(tmp_path / "model")
+    assert _convert_original(tmp_path / "model", tmp_path / "ours") == 0
+    ids = np.random.default_rng(3).integers(0, GPT["n_vocab"], (2, GPT["n_ctx"]))
+    reference = run_oracle(
+        "transformers_tf_loaders",
+        {
+            "format": "openai-gpt",
+            "directory": str(tmp_path / "model"),
+            "config": {
+                "vocab_size": GPT["n_vocab"],
+                "n_positions": GPT["n_ctx"],
+                "n_embd": GPT["n_embd"],
+                "n_layer": GPT["n_layer"],
+                "n_head": 12,
+                "afn": "gelu",
+            },
+            "ids": ids.tolist(),
+        },
+        packages=TRANSFORMERS4,
+    )
+    config, params = _restored(tmp_path / "ours")
+    assert (config.num_heads, config.pre_layer_norm, config.activation) == (12, False, "gelu")
+    logits = DecoderOnly(config).apply({"params": params}, jnp.asarray(ids))
+    np.testing.assert_allclose(np.asarray(logits), reference["logits"], atol=TOLERANCE)
+    described = tokenizer_files.description(str(tmp_path / "ours"))
+    assert described is not None and described["type"] == "gpt1_bpe"
+    for name in ("encoder_bpe_40000.json", "vocab_40000.bpe"):
+        kept = tmp_path / "ours" / "tokenizer" / name
+        assert kept.read_bytes() == (tmp_path / "model" / name).read_bytes()
+
+
+def test_openai_gpt1_refusals(tmp_path, capsys):
+    _gpt_release(tmp_path / "model")
+    (tmp_path / "model" / "params_7.npy").unlink()
+    assert "lacks params_7.npy" in _refused(tmp_path, capsys, tmp_path / "model")
+
+    _gpt_release(tmp_path / "cut")
+    path = tmp_path / "cut" / "params_3.npy"
+    path.write_bytes(path.read_bytes()[:-40])
+    assert "fetch it again" in _refused(tmp_path, capsys, tmp_path / "cut")
+
+    _gpt_release(tmp_path / "vocab", vocab_entries=30)
+    err = _refused(tmp_path, capsys, tmp_path / "vocab")
+    assert "has 30 tokens but the token embedding has 50 rows" in err
+
+    _gpt_release(tmp_path / "shapes")
+    shapes = json.loads((tmp_path / "shapes" / "params_shapes.json").read_text())
+    (tmp_path / "shapes" / "params_shapes.json").write_text(json.dumps(shapes[:-1]))
+    assert "lists 25 arrays" in _refused(tmp_path, capsys, tmp_path / "shapes")
+
+    _gpt_release(tmp_path / "heads", n_embd=40)  # 40 is no multiple of GPT-1's 12 heads
+    assert "multiple of its 12 heads" in _refused(tmp_path, capsys, tmp_path / "heads")
