@@ -23,7 +23,9 @@ classes import too.
 `--from_original` reads a checkpoint in the format its authors released, recognised from its
 files: Google's TF1 BERT (`bert_config.json`, `vocab.txt`, `bert_model.ckpt.*`) and OpenAI's
 GPT-1 (`params_shapes.json`, `params_{0..9}.npy`, `encoder_bpe_40000.json`,
-`vocab_40000.bpe`). Its tokenizer files are kept in CKPT_DIR/tokenizer/.
+`vocab_40000.bpe`) and Mesh-TensorFlow T5 v1.0 / v1.1 (`checkpoint`, `model.ckpt-N.*`,
+`operative_config.gin`, optionally its `sentencepiece.model`). Its tokenizer files are kept in
+CKPT_DIR/tokenizer/.
 """
 
 from __future__ import annotations
@@ -80,8 +82,9 @@ def _import_original(args: argparse.Namespace) -> int:
     if args.layout == "scanned":
         config, params = _relayout(config, params, scanned=True)
     _write(functools.partial(params_io.save_params, args.to, params, config), args.to, params)
-    kept = tokenizer_files.save(args.to, imported.tokenizer_files, imported.vocabulary)
-    logs.log(f"Kept its tokenizer ({', '.join(imported.tokenizer_files)}) in {kept}")
+    if imported.vocabulary is not None:
+        kept = tokenizer_files.save(args.to, imported.tokenizer_files, imported.vocabulary)
+        logs.log(f"Kept its tokenizer ({', '.join(imported.tokenizer_files)}) in {kept}")
     return 0
 
 
@@ -147,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from_hf", help="HuggingFace checkpoint directory to import")
     parser.add_argument(
         "--from_original",
-        help="a checkpoint in its authors' format (Google TF1 BERT, OpenAI GPT-1) to import",
+        help="a checkpoint in its authors' format (Google TF1 BERT, OpenAI GPT-1, "
+        "Mesh-TensorFlow T5) to import",
     )
     parser.add_argument(
         "--to", help="output orbax checkpoint directory (with --from_hf or --from_original)"

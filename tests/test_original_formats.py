@@ -379,3 +379,148 @@ def test_openai_gpt1_refusals(tmp_path, capsys):
 
     _gpt_release(tmp_path / "heads", n_embd=40)  # 40 is no multiple of GPT-1's 12 heads
     assert "multiple of its 12 heads" in _refused(tmp_path, capsys, tmp_path / "heads")
+
+
+# ------------------------------------------------------------------------------ Mesh-TF T5
+T5 = {"vocab": 48, "d_model": 16, "heads": 2, "d_kv": 8, "d_ff": 32, "layers": 2, "buckets": 8}
+OPERATIVE = {
+    "v1_0": "decoder/DenseReluDense.activation = 'relu'\n"
+    "encoder/DenseReluDense.activation = 'relu'\n",
+    "v1_1": "decoder/DenseReluDense.activation = ['gelu', 'linear']\n"
+    "encoder/DenseReluDense.activation = ['gelu', 'linear']\n",
+}
+
+
+def _t5_variables(version: str, rng) -> dict[str, np.ndarray]:
+    """The variable names of the released Mesh-TF T5 checkpoints (gs://t5-data/
+    pretrained_models/*: shared/embedding, {encoder,decoder}/block_NNN/layer_NNN/...,
+    the final norms, v1.1's separate decoder/logits), every matrix stored (in, out), with
+    Adafactor's factored slots and the step beside them."""
+    d, inner, ff, v = T5["d_model"], T5["heads"] * T5["d_kv"], T5["d_ff"], T5["vocab"]
+    norm = "rms_norm" if version == "v1_1" else "layer_norm"  # both spellings are released
+    shapes = {"shared/embedding": (v, d)}
+    wis = ("wi_0", "wi_1") if version == "v1_1" else ("wi",)
+    for stack in ("encoder", "decoder"):
+        for i in range(T5["layers"]):
+            attentions = ["SelfAttention"] + (["EncDecAttention"] if stack == "decoder" else [])
+            for j, module in enumerate(attentions):
+                layer = f"{stack}/block_{i:03d}/layer_{j:03d}"
+                for name in ("q", "k", "v"):
+                    shapes[f"{layer}/{module}/{name}"] = (d, inner)
+                shapes[f"{layer}/{module}/o"] = (inner, d)
+                shapes[f"{layer}/{norm}/scale"] = (d,)
+                if i == 0 and module == "SelfAttention":
+                    shapes[f"{layer}/{module}/relative_attention_bias"] = (
+                        T5["heads"],
+                        T5["buckets"],
+                    )
+            layer = f"{stack}/block_{i:03d}/layer_{len(attentions):03d}"
+            for wi in wis:
+                shapes[f"{layer}/DenseReluDense/{wi}/kernel"] = (d, ff)
+            shapes[f"{layer}/DenseReluDense/wo/kernel"] = (ff, d)
+            shapes[f"{layer}/{norm}/scale"] = (d,)
+        shapes[f"{stack}/{'rms_norm' if version == 'v1_1' else 'final_layer_norm'}/scale"] = (d,)
+    if version == "v1_1":
+        shapes["decoder/logits/kernel"] = (d, v)
+    variables = {}
+    for name, shape in shapes.items():
+        value = rng.normal(0, 0.5, shape)
+        variables[name] = (1.0 + value if name.endswith("scale") else value).astype(np.float32)
+    for name in list(variables)[:4]:
+        variables[f"{name}_slot_vr"] = np.ones(variables[name].shape[:1], np.float32)
+    variables["global_step"] = np.array(1_000_000, np.int64)
+    return variables
+
+
+def _t5_checkpoint(directory, version="v1_0", operative=None, extra=None, drop=(), spm=True):
+    """A Mesh-TF model directory: `checkpoint`, model.ckpt-1000000.*, operative_config.gin."""
+    directory.mkdir(parents=True, exist_ok=True)
+    variables = {**_t5_variables(version, np.random.default_rng(1)), **(extra or {})}
+    for name in drop:
+        del variables[name]
+    _save_tf_checkpoint(str(directory / "model.ckpt-1000000"), variables)
+    (directory / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-1000000"\n')
+    if operative is not False:
+        (directory / "operative_config.gin").write_text(operative or OPERATIVE[version])
+    if spm:
+        (directory / "sentencepiece.model").write_bytes(b"a stand-in for the model's spm file")
+
+
+def _t5_hf_config(version: str) -> dict:
+    return {
+        "vocab_size": T5["vocab"],
+        "d_model": T5["d_model"],
+        "d_kv": T5["d_kv"],
+        "d_ff": T5["d_ff"],
+        "num_layers": T5["layers"],
+        "num_heads": T5["heads"],
+        "relative_attention_num_buckets": T5["buckets"],
+        "feed_forward_proj": "gated-gelu" if version == "v1_1" else "relu",
+        "tie_word_embeddings": version == "v1_0",
+    }
+
+
+@pytest.mark.parametrize("version", ["v1_0", "v1_1"])
+def test_mesh_tf_t5_equals_transformers_tf_loader(tmp_path, version):
+    import jax.numpy as jnp
+
+    from t5x_like.families.t5 import hf as t5_hf
+    from t5x_like.families.t5.model import EncoderDecoderModel
+    from t5x_like.families.t5.network import Transformer
+
+    _t5_checkpoint(tmp_path / "model", version)
+    assert _convert_original(tmp_path / "model", tmp_path / "ours") == 0
+    batch = t5_hf.example_batch(T5["vocab"], seed=5)
+    reference = run_oracle(
+        "transformers_tf_loaders",
+        {
+            "format": "t5",
+            "checkpoint": str(tmp_path / "model" / "model.ckpt-1000000"),
+            "config": _t5_hf_config(version),
+            "inputs": batch["encoder_input_tokens"].tolist(),
+            "decoder_inputs": batch["decoder_input_tokens"].tolist(),
+        },
+        packages=TRANSFORMERS4,
+    )
+    config, params = _restored(tmp_path / "ours")
+    assert config.logits_via_embedding == (version == "v1_0")
+    model = EncoderDecoderModel(config)
+    inputs = jnp.asarray(batch["encoder_input_tokens"])
+    encoded = model.module.apply({"params": params}, inputs, method=Transformer.encode)
+    real = batch["encoder_input_tokens"] > 0
+    np.testing.assert_allclose(
+        np.asarray(encoded)[real], np.asarray(reference["encoder"])[real], atol=TOLERANCE
+    )
+    logits = model.logits(params, {k: jnp.asarray(v) for k, v in batch.items()})
+    np.testing.assert_allclose(np.asarray(logits), reference["logits"], atol=TOLERANCE)
+    described = tokenizer_files.description(str(tmp_path / "ours"))
+    assert described is not None and described["file"] == "sentencepiece.model"
+
+
+def test_mesh_tf_t5_without_operative_config_reads_the_layer_shape(tmp_path):
+    _t5_checkpoint(tmp_path / "v11", "v1_1", operative=False, spm=False)
+    assert _convert_original(tmp_path / "v11", tmp_path / "ours") == 0
+    config, _ = _restored(tmp_path / "ours")
+    assert config.mlp_activations == ("gelu", "linear") and not config.logits_via_embedding
+    assert tokenizer_files.description(str(tmp_path / "ours")) is None
+
+
+def test_mesh_tf_t5_refusals(tmp_path, capsys):
+    _t5_checkpoint(tmp_path / "extra", extra={"encoder/block_000/adapter/kernel": np.zeros(3)})
+    err = _refused(tmp_path, capsys, tmp_path / "extra")
+    assert "encoder/block_000/adapter/kernel" in err and "does not have" in err
+
+    _t5_checkpoint(tmp_path / "short", drop=("decoder/block_001/layer_001/EncDecAttention/k",))
+    err = _refused(tmp_path, capsys, tmp_path / "short")
+    assert "decoder.block.1.layer.1.EncDecAttention.k.weight" in err and "Missing" in err
+
+    wide = {"encoder/block_001/layer_001/DenseReluDense/wo/kernel": np.zeros((40, 16), np.float32)}
+    _t5_checkpoint(tmp_path / "wide", extra=wide)
+    assert "DenseReluDense.wo.weight gives shape" in _refused(tmp_path, capsys, tmp_path / "wide")
+
+    swish = "encoder/DenseReluDense.activation = 'swish'\n"
+    _t5_checkpoint(tmp_path / "swish", operative=swish)
+    assert "activation = ['swish']" in _refused(tmp_path, capsys, tmp_path / "swish")
+
+    _t5_checkpoint(tmp_path / "mixed", "v1_1", operative=OPERATIVE["v1_0"])
+    assert "another model's" in _refused(tmp_path, capsys, tmp_path / "mixed")

@@ -22,6 +22,7 @@ Params = Any
 BUILT_IN = (
     "t5x_like.families.bert.google_tf1",
     "t5x_like.families.gpt.openai_release",
+    "t5x_like.families.t5.mesh_tf",
 )
 
 
@@ -29,12 +30,13 @@ BUILT_IN = (
 class Imported:
     """A checkpoint read from an original format: our config and parameters, the tokenizer
     files that travel with them ({name to keep beside the checkpoint: source path}) and how
-    they make the model's vocabulary (`vocabulary`: its type, file and options)."""
+    they make the model's vocabulary (`vocabulary`: its type, file and options; None when the
+    release keeps its tokenizer elsewhere)."""
 
     config: Any
     params: Params
     tokenizer_files: dict[str, str]
-    vocabulary: dict[str, Any]
+    vocabulary: dict[str, Any] | None
 
 
 @dataclasses.dataclass(frozen=True)

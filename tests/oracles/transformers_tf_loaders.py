@@ -7,9 +7,11 @@ Payload (one of):
    "ids": [[int]], "segments": [[int]], "mask": [[int]]}
   {"format": "openai-gpt", "directory": release folder, "config": {OpenAIGPTConfig kwargs},
    "ids": [[int]]}
+  {"format": "t5", "checkpoint": TF prefix, "config": {T5Config kwargs}, "inputs": [[int]],
+   "decoder_inputs": [[int]]}
 
 Returns the model's outputs as nested lists: BERT's {"mlm_logits", "nsp_logits", "sequence",
-"pooled"}, GPT's {"logits"}.
+"pooled"}, GPT's {"logits"}, T5's {"encoder", "logits"} (padding: id 0 in `inputs`).
 """
 
 from tests.oracle import oracle_main
@@ -55,8 +57,27 @@ def _openai_gpt(payload):
     return {"logits": logits.tolist()}
 
 
+def _t5(payload):
+    import torch
+    import transformers
+    from transformers.models.t5.modeling_t5 import load_tf_weights_in_t5
+
+    config = transformers.T5Config(**payload["config"])
+    model = transformers.T5ForConditionalGeneration(config)
+    load_tf_weights_in_t5(model, config, payload["checkpoint"])
+    model.eval()
+    inputs = torch.tensor(payload["inputs"])
+    with torch.no_grad():
+        out = model(
+            input_ids=inputs,
+            attention_mask=(inputs > 0).long(),
+            decoder_input_ids=torch.tensor(payload["decoder_inputs"]),
+        )
+    return {"encoder": out.encoder_last_hidden_state.tolist(), "logits": out.logits.tolist()}
+
+
 def compute(payload):
-    return {"bert": _bert, "openai-gpt": _openai_gpt}[payload["format"]](payload)
+    return {"bert": _bert, "openai-gpt": _openai_gpt, "t5": _t5}[payload["format"]](payload)
 
 
 if __name__ == "__main__":

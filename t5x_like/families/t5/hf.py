@@ -223,11 +223,18 @@ def check_shapes(params: Params, expected: Params, cfg: T5Config) -> None:
 
 def load_hf_checkpoint(checkpoint_dir: str) -> tuple[T5Config, Params]:
     """(config, params) from a HuggingFace T5 directory, shapes checked against the config."""
+    return from_hf_tensors(read_config(checkpoint_dir), read_tensors(checkpoint_dir))
+
+
+def from_hf_tensors(
+    hf_config: dict[str, Any], tensors: dict[str, Tensor]
+) -> tuple[T5Config, Params]:
+    """(config, params) from a config in HF's keys and tensors under HF's names (a HuggingFace
+    directory's, or a Mesh-TensorFlow checkpoint's renamed), shapes checked against the config."""
     from t5x_like.models.base import unbox
 
-    hf_config = read_config(checkpoint_dir)
     cfg = config_from_hf(hf_config)
-    params = params_from_hf(read_tensors(checkpoint_dir), cfg)
+    params = params_from_hf(tensors, cfg)
     expected = unbox(EncoderDecoderModel(cfg).abstract_params())
     check_shapes(params, expected, cfg)
     return cfg, params
