@@ -70,7 +70,17 @@ def _import(args: argparse.Namespace) -> int:
     if args.layout == "scanned":
         config, params = _relayout(config, params, scanned=True)
     _write(functools.partial(params_io.save_params, args.to, params, config), args.to, params)
+    tokenizer = family.tokenizer(args.from_hf, model_type)
+    if tokenizer is None:
+        logs.log(f"No tokenizer files in {args.from_hf}: none is kept with the checkpoint.")
+    else:
+        _keep_tokenizer(args.to, *tokenizer)
     return 0
+
+
+def _keep_tokenizer(destination: str, files: dict[str, str], vocabulary: dict) -> None:
+    kept = tokenizer_files.save(destination, files, vocabulary)
+    logs.log(f"Kept its tokenizer ({', '.join(files)}) in {kept}")
 
 
 def _import_original(args: argparse.Namespace) -> int:
@@ -83,8 +93,7 @@ def _import_original(args: argparse.Namespace) -> int:
         config, params = _relayout(config, params, scanned=True)
     _write(functools.partial(params_io.save_params, args.to, params, config), args.to, params)
     if imported.vocabulary is not None:
-        kept = tokenizer_files.save(args.to, imported.tokenizer_files, imported.vocabulary)
-        logs.log(f"Kept its tokenizer ({', '.join(imported.tokenizer_files)}) in {kept}")
+        _keep_tokenizer(args.to, imported.tokenizer_files, imported.vocabulary)
     return 0
 
 
@@ -142,6 +151,12 @@ def _export(args: argparse.Namespace) -> int:
     family = hf_families.for_config(config)
     save, architecture = family.export(args.to_hf, params, config, args.hf_architecture)
     _write(save, args.to_hf, params, f" (config.json + model.safetensors, {architecture} layout)")
+    source = tokenizer_files.find(args.from_ckpt)
+    written = tokenizer_files.export_hf(source, args.to_hf) if source else []
+    if written:
+        logs.log(f"Wrote its tokenizer: {', '.join(written)}")
+    else:
+        logs.log(f"{args.from_ckpt} has no tokenizer saved with it: none written.")
     return 0
 
 

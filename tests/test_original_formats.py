@@ -313,7 +313,7 @@ def _gpt_release(directory, seed=0, n_embd=GPT["n_embd"], vocab_entries=None) ->
         np.save(directory / f"params_{n}.npy", piece)
     (directory / "params_shapes.json").write_text(json.dumps([list(a.shape) for a in arrays]))
     (directory / "parameters_names.json").write_text(json.dumps(names))
-    tokens = ["t</w>", "h", "e</w>", "th", "the</w>", "c", "a", "t", "cat</w>"]
+    tokens = ["t</w>", "h", "e</w>", "th", "the</w>", "c", "a", "t", "cat</w>", "ca"]
     tokens += [f"w{i}</w>" for i in range(GPT["n_vocab"] - len(tokens))]
     tokens = tokens[: vocab_entries or GPT["n_vocab"]]
     (directory / "encoder_bpe_40000.json").write_text(
@@ -356,6 +356,9 @@ def test_openai_gpt1_release_equals_transformers_loader(tmp_path):
     for name in ("encoder_bpe_40000.json", "vocab_40000.bpe"):
         kept = tmp_path / "ours" / "tokenizer" / name
         assert kept.read_bytes() == (tmp_path / "model" / name).read_bytes()
+    # GPT-1's BPE on the kept files, by hand: the+</w> merges t h, th e</w>; cat: c a, ca t</w>.
+    vocabulary = tokenizer_files.vocabulary(str(tmp_path / "ours"))
+    assert vocabulary is not None and vocabulary.encode("The cat") == [4, 8]
 
 
 def test_openai_gpt1_refusals(tmp_path, capsys):

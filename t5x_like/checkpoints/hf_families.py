@@ -32,13 +32,18 @@ class HuggingFaceFamily:
     """`load(directory) -> (config, params)`; `verify(directory, config, params)` -> the largest
     absolute difference from transformers' PyTorch model per output (needs the test extra);
     `export(directory, params, config, hf_architecture)` -> (a function that writes the
-    directory, the HF architecture it writes)."""
+    directory, the HF architecture it writes); `tokenizer(directory, model_type)` -> the
+    tokenizer files in the directory ({name: path}) and the description of the vocabulary they
+    make (see `tokenizer_files`), or None when the directory has none."""
 
     model_types: tuple[str, ...]
     config_class: type
     load: Callable[[str], tuple[Any, Params]]
     verify: Callable[[str, Any, Params], dict[str, float]]
     export: Callable[[str, Params, Any, str | None], tuple[Callable[[], object], str]]
+    tokenizer: Callable[[str, str], tuple[dict[str, str], dict[str, Any]] | None] = (
+        lambda directory, model_type: None
+    )
 
 
 _REGISTERED: list[HuggingFaceFamily] = []

@@ -268,3 +268,17 @@ def read_config(checkpoint_dir: str) -> dict[str, Any]:
         path,
         "it should be the config.json transformers' save_pretrained writes: fetch or re-save it.",
     )
+
+
+def tokenizer_config(checkpoint_dir: str) -> dict[str, Any]:
+    """tokenizer_config.json's settings (`do_lower_case`, `extra_ids`, ...), {} without one."""
+    path = os.path.join(checkpoint_dir, "tokenizer_config.json")
+    if not os.path.exists(path):
+        return {}
+    return _read_json(path, "re-save the tokenizer with transformers' save_pretrained.")
+
+
+def present(checkpoint_dir: str, *names: str) -> dict[str, str] | None:
+    """{name: path} when every one of `names` is in the directory, else None."""
+    paths = {name: os.path.join(checkpoint_dir, name) for name in names}
+    return paths if all(os.path.isfile(p) for p in paths.values()) else None

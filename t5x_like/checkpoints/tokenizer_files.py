@@ -1,5 +1,9 @@
 """The tokenizer that travels with a converted checkpoint: its files in `tokenizer/` beside the
-orbax steps, and `tokenizer/vocabulary.json` saying how they make the model's vocabulary.
+orbax steps, and `tokenizer/vocabulary.json` saying how they make the model's vocabulary:
+
+    {"type": "wordpiece", "file": "vocab.txt", "lower_case": true}
+    {"type": "sentencepiece", "file": "spiece.model", "extra_ids": 100}
+    {"type": "gpt2_bpe" | "gpt1_bpe", "vocab": "vocab.json", "merges": "merges.txt"}
 
 A model's ids mean nothing without the vocabulary it was trained with, so an import keeps the
 release's own files (Google BERT's `vocab.txt`, OpenAI GPT-1's BPE files, ...) with the weights
@@ -11,6 +15,8 @@ from __future__ import annotations
 import json
 import os
 from typing import Any
+
+import seqio
 
 from t5x_like import storage
 
@@ -38,3 +44,85 @@ def description(checkpoint_dir: str) -> dict[str, Any] | None:
     if not storage.exists(path):
         return None
     return {**json.loads(storage.read_text(path)), "directory": directory}
+
+
+def vocabulary(checkpoint_dir: str) -> seqio.Vocabulary | None:
+    """The seqio vocabulary of the tokenizer saved with a checkpoint, or None without one."""
+    described = description(checkpoint_dir)
+    if described is None:
+        return None
+    directory, kind = described["directory"], described["type"]
+    if kind == "wordpiece":
+        from t5x_like.data.wordpiece import WordPieceVocabulary
+
+        return WordPieceVocabulary(
+            os.path.join(directory, described["file"]), lower_case=described["lower_case"]
+        )
+    if kind == "sentencepiece":
+        return seqio.SentencePieceVocabulary(
+            os.path.join(directory, described["file"]), extra_ids=described.get("extra_ids", 0)
+        )
+    if kind in ("gpt2_bpe", "gpt1_bpe"):
+        from t5x_like.data.bpe import BPEVocabulary
+
+        return BPEVocabulary(
+            os.path.join(directory, described["vocab"]),
+            os.path.join(directory, described["merges"]),
+            kind.removesuffix("_bpe"),
+        )
+    raise ValueError(
+        f"{os.path.join(directory, DESCRIPTION)} describes a {kind!r} vocabulary; this version "
+        "reads wordpiece, sentencepiece, gpt2_bpe and gpt1_bpe."
+    )
+
+
+# What transformers' AutoTokenizer reads for each kind: {kind: ({our key: HF file name},
+# tokenizer_config.json without the per-checkpoint settings)}.
+_HF_LAYOUT: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
+    "wordpiece": ({"file": "vocab.txt"}, {"tokenizer_class": "BertTokenizer"}),
+    "sentencepiece": ({"file": "spiece.model"}, {"tokenizer_class": "T5Tokenizer"}),
+    "gpt2_bpe": (
+        {"vocab": "vocab.json", "merges": "merges.txt"},
+        {
+            "tokenizer_class": "GPT2Tokenizer",
+            "bos_token": "<|endoftext|>",
+            "eos_token": "<|endoftext|>",
+            "unk_token": "<|endoftext|>",
+        },
+    ),
+    "gpt1_bpe": (
+        {"vocab": "vocab.json", "merges": "merges.txt"},
+        {"tokenizer_class": "OpenAIGPTTokenizer", "unk_token": "<unk>"},
+    ),
+}
+
+
+def find(path: str) -> str | None:
+    """The directory holding the tokenizer saved for a checkpoint at `path` (a converted
+    directory, or a run's MODEL_DIR whose checkpoints/ holds it), or None."""
+    for directory in (path, os.path.join(path, "checkpoints")):
+        if storage.exists(os.path.join(directory, DIRECTORY, DESCRIPTION)):
+            return directory
+    return None
+
+
+def export_hf(checkpoint_dir: str, hf_dir: str) -> list[str]:
+    """Write the checkpoint's tokenizer into a HuggingFace directory under transformers' names,
+    with a tokenizer_config.json, so `AutoTokenizer.from_pretrained(hf_dir)` reads it; returns
+    the files written ([] for a checkpoint saved without its tokenizer)."""
+    described = description(checkpoint_dir)
+    if described is None:
+        return []
+    names, config = _HF_LAYOUT[described["type"]]
+    written = []
+    for key, hf_name in names.items():
+        source = os.path.join(described["directory"], described[key])
+        storage.copy_file(source, os.path.join(hf_dir, hf_name))
+        written.append(hf_name)
+    settings = {"do_lower_case": described["lower_case"]} if "lower_case" in described else {}
+    if "extra_ids" in described:
+        settings["extra_ids"] = described["extra_ids"]
+    storage.write_text(
+        os.path.join(hf_dir, "tokenizer_config.json"), json.dumps({**config, **settings}, indent=2)
+    )
+    return [*written, "tokenizer_config.json"]

@@ -9,9 +9,13 @@ Payload (one of):
    "ids": [[int]]}
   {"format": "t5", "checkpoint": TF prefix, "config": {T5Config kwargs}, "inputs": [[int]],
    "decoder_inputs": [[int]]}
+  {"format": "bpe", "kind": "gpt2" | "gpt1", "vocab": path, "merges": path, "texts": [str]}
 
 Returns the model's outputs as nested lists: BERT's {"mlm_logits", "nsp_logits", "sequence",
-"pooled"}, GPT's {"logits"}, T5's {"encoder", "logits"} (padding: id 0 in `inputs`).
+"pooled"}, GPT's {"logits"}, T5's {"encoder", "logits"} (padding: id 0 in `inputs`); for
+"bpe", the ids and decoded text of transformers 4's pure-Python GPT2Tokenizer /
+OpenAIGPTTokenizer (the latter with BERT's basic tokenizer, as it runs without ftfy and
+spaCy): {"ids": [[int]], "decoded": [str]}.
 """
 
 from tests.oracle import oracle_main
@@ -76,8 +80,18 @@ def _t5(payload):
     return {"encoder": out.encoder_last_hidden_state.tolist(), "logits": out.logits.tolist()}
 
 
+def _bpe(payload):
+    import transformers
+
+    cls = {"gpt2": transformers.GPT2Tokenizer, "gpt1": transformers.OpenAIGPTTokenizer}
+    tokenizer = cls[payload["kind"]](payload["vocab"], payload["merges"])
+    ids = [tokenizer.encode(text) for text in payload["texts"]]
+    return {"ids": ids, "decoded": [tokenizer.decode(i) for i in ids]}
+
+
 def compute(payload):
-    return {"bert": _bert, "openai-gpt": _openai_gpt, "t5": _t5}[payload["format"]](payload)
+    formats = {"bert": _bert, "openai-gpt": _openai_gpt, "t5": _t5, "bpe": _bpe}
+    return formats[payload["format"]](payload)
 
 
 if __name__ == "__main__":

@@ -402,6 +402,17 @@ def export(
     return lambda: save_hf_checkpoint(directory, params, cfg, architecture), architecture
 
 
+def tokenizer(directory: str, model_type: str) -> tuple[dict[str, str], dict[str, Any]] | None:
+    """BertTokenizer's vocab.txt, lower-casing as its tokenizer_config.json says (default on)."""
+    files = hf_files.present(directory, "vocab.txt")
+    if files is None:
+        return None
+    lower_case = bool(hf_files.tokenizer_config(directory).get("do_lower_case", True))
+    return files, {"type": "wordpiece", "file": "vocab.txt", "lower_case": lower_case}
+
+
 HUGGINGFACE = hf_families.register(
-    hf_families.HuggingFaceFamily(("bert",), BertConfig, load_hf_checkpoint, verify, export)
+    hf_families.HuggingFaceFamily(
+        ("bert",), BertConfig, load_hf_checkpoint, verify, export, tokenizer
+    )
 )

@@ -314,8 +314,17 @@ def export(
     return lambda: save_hf_checkpoint(directory, params, cfg), hf_config(cfg)["architectures"][0]
 
 
+def tokenizer(directory: str, model_type: str) -> tuple[dict[str, str], dict[str, Any]] | None:
+    """GPT-2's byte-level or OpenAI GPT's BPE: vocab.json + merges.txt."""
+    files = hf_files.present(directory, "vocab.json", "merges.txt")
+    if files is None:
+        return None
+    kind = "gpt1_bpe" if model_type == "openai-gpt" else "gpt2_bpe"
+    return files, {"type": kind, "vocab": "vocab.json", "merges": "merges.txt"}
+
+
 HUGGINGFACE = hf_families.register(
     hf_families.HuggingFaceFamily(
-        ("openai-gpt", "gpt2"), GPTConfig, load_hf_checkpoint, verify, export
+        ("openai-gpt", "gpt2"), GPTConfig, load_hf_checkpoint, verify, export, tokenizer
     )
 )

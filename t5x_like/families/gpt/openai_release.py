@@ -184,7 +184,7 @@ def load(path: str) -> original_formats.Imported:
         cfg,
         hf.params_from_hf(tensors, cfg),
         tokenizer_files=files,
-        vocabulary={"type": "gpt1_bpe", "encoder": ENCODER, "merges": MERGES},
+        vocabulary={"type": "gpt1_bpe", "vocab": ENCODER, "merges": MERGES},
     )
 
 

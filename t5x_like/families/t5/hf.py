@@ -380,6 +380,16 @@ def export(
     return lambda: save_hf_checkpoint(directory, params, cfg), "T5ForConditionalGeneration"
 
 
+def tokenizer(directory: str, model_type: str) -> tuple[dict[str, str], dict[str, Any]] | None:
+    """T5Tokenizer's spiece.model with its extra ids (the sentinels; 100 unless its
+    tokenizer_config.json says otherwise)."""
+    files = hf_files.present(directory, "spiece.model")
+    if files is None:
+        return None
+    extra_ids = int(hf_files.tokenizer_config(directory).get("extra_ids", 100))
+    return files, {"type": "sentencepiece", "file": "spiece.model", "extra_ids": extra_ids}
+
+
 HUGGINGFACE = hf_families.register(
-    hf_families.HuggingFaceFamily(("t5",), T5Config, load_hf_checkpoint, verify, export)
+    hf_families.HuggingFaceFamily(("t5",), T5Config, load_hf_checkpoint, verify, export, tokenizer)
 )

@@ -1,0 +1,159 @@
+"""The tokenizer travels with the checkpoint: `convert --from_hf` keeps a HuggingFace
+directory's tokenizer files (T5's spiece.model, BERT's vocab.txt, GPT-2's vocab.json +
+merges.txt) in CKPT/tokenizer/, `tokenizer_files.vocabulary` makes the seqio vocabulary of
+them, and `convert --to_hf` writes them back so that transformers' `AutoTokenizer` and
+`AutoModel...from_pretrained` read the export together.
+
+The reference is transformers' own tokenizers and models (the test extra's transformers): on
+real text (Python's language reference, shipped with the interpreter) our vocabulary gives
+their ids, and text -> ids -> model -> most likely next tokens -> text is the same on both
+sides.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from t5x_like import convert
+from t5x_like.checkpoints import params_io, tokenizer_files
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "A for statement iterates over the items of any sequence, in order.",
+    "Naïve café, 3.14 != 22/7; (spaces   and\ttabs)",
+]
+
+
+def _prose() -> list[str]:
+    from pydoc_data.topics import topics
+
+    return [topics[k] for k in sorted(topics)[:60]]
+
+
+def _round_trip(tmp_path):
+    """HF dir -> ours (tokenizer kept) -> HF export: the three directories."""
+    hf, ours, exported = tmp_path / "hf", tmp_path / "ours", tmp_path / "exported"
+    assert convert.main(["--from_hf", str(hf), "--to", str(ours)]) == 0
+    assert convert.main(["--from_ckpt", str(ours), "--to_hf", str(exported)]) == 0
+    return hf, ours, exported
+
+
+def _restored(directory):
+    import jax
+
+    return params_io.restore_config(str(directory)), jax.device_get(
+        params_io.restore_saved_params(str(directory))
+    )
+
+
+def _hf_ids(tokenizer, text):
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_gpt2_tokenizer_and_model_travel_both_ways(tmp_path):
+    from tokenizers import ByteLevelBPETokenizer
+
+    from t5x_like.families.gpt.network import DecoderOnly
+
+    learner = ByteLevelBPETokenizer()
+    learner.train_from_iterator(_prose(), vocab_size=600, special_tokens=["<|endoftext|>"])
+    (tmp_path / "hf").mkdir()
+    learner.save_model(str(tmp_path / "hf"))
+    tokenizer = transformers.GPT2Tokenizer(
+        str(tmp_path / "hf" / "vocab.json"), str(tmp_path / "hf" / "merges.txt")
+    )
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=len(tokenizer), n_positions=64, n_embd=32, n_layer=2, n_head=4
+    )
+    model = transformers.GPT2LMHeadModel(config).eval()
+    model.save_pretrained(str(tmp_path / "hf"))
+    hf, ours, exported = _round_trip(tmp_path)
+
+    vocabulary = tokenizer_files.vocabulary(str(ours))
+    assert vocabulary is not None and vocabulary.eos_id == tokenizer.eos_token_id
+    exported_tokenizer = transformers.AutoTokenizer.from_pretrained(str(exported))
+    exported_model = transformers.AutoModelForCausalLM.from_pretrained(str(exported)).eval()
+    cfg, params = _restored(ours)
+    for text in TEXTS:
+        ids = vocabulary.encode(text)
+        assert ids == _hf_ids(tokenizer, text) == _hf_ids(exported_tokenizer, text)
+        assert vocabulary.decode(ids) == text
+        logits = DecoderOnly(cfg).apply({"params": params}, jnp.asarray([ids]))
+        with torch.no_grad():
+            reference = exported_model(torch.tensor([ids])).logits.numpy()
+        np.testing.assert_allclose(np.asarray(logits), reference, atol=1e-4)
+        ours_next = vocabulary.decode(np.argmax(np.asarray(logits)[0], -1).tolist())
+        theirs_next = exported_tokenizer.decode(np.argmax(reference[0], -1).tolist())
+        assert ours_next == theirs_next
+
+
+def test_bert_vocab_travels_with_its_casing(tmp_path):
+    from t5x_like.data import wordpiece
+
+    pieces = [*wordpiece.SPECIAL_TOKENS, "The", "the", "quick", "brown", "fox", "##es", "."]
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "vocab.txt").write_text("\n".join(pieces) + "\n")
+    tokenizer = transformers.BertTokenizer(str(tmp_path / "hf" / "vocab.txt"), do_lower_case=False)
+    tokenizer.save_pretrained(str(tmp_path / "hf"))
+    config = transformers.BertConfig(
+        vocab_size=len(pieces),
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=16,
+    )
+    transformers.BertForPreTraining(config).save_pretrained(str(tmp_path / "hf"))
+    hf, ours, exported = _round_trip(tmp_path)
+
+    described = tokenizer_files.description(str(ours))
+    assert described is not None and described["lower_case"] is False
+    vocabulary = tokenizer_files.vocabulary(str(ours))
+    exported_tokenizer = transformers.AutoTokenizer.from_pretrained(str(exported))
+    transformers.AutoModelForPreTraining.from_pretrained(str(exported))
+    for text in ("The quick foxes.", "the brown fox."):
+        assert vocabulary.encode(text) == _hf_ids(tokenizer, text)
+        assert _hf_ids(exported_tokenizer, text) == _hf_ids(tokenizer, text)
+
+
+def test_t5_sentencepiece_travels_with_its_extra_ids(tmp_path):
+    import sentencepiece as spm
+
+    (tmp_path / "hf").mkdir()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(_prose()),
+        model_prefix=str(tmp_path / "hf" / "spiece"),
+        vocab_size=300,
+        pad_id=0,
+        eos_id=1,
+        unk_id=2,
+        bos_id=-1,
+    )
+    # transformers reads spiece.model from the directory, then saves the hub's layout beside it.
+    tokenizer = transformers.T5Tokenizer.from_pretrained(str(tmp_path / "hf"), extra_ids=100)
+    tokenizer.save_pretrained(str(tmp_path / "hf"))
+    pieces = spm.SentencePieceProcessor(model_file=str(tmp_path / "hf" / "spiece.model"))
+    config = transformers.T5Config(
+        vocab_size=len(tokenizer), d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2
+    )
+    transformers.T5ForConditionalGeneration(config).save_pretrained(str(tmp_path / "hf"))
+    hf, ours, exported = _round_trip(tmp_path)
+
+    vocabulary = tokenizer_files.vocabulary(str(ours))
+    assert vocabulary is not None and vocabulary.vocab_size == len(tokenizer) == 400
+    exported_tokenizer = transformers.AutoTokenizer.from_pretrained(str(exported))
+    transformers.AutoModelForSeq2SeqLM.from_pretrained(str(exported))
+    assert json.loads((exported / "tokenizer_config.json").read_text())["extra_ids"] == 100
+    for text in TEXTS[:2]:
+        ids = vocabulary.encode(text)
+        assert ids == pieces.encode(text)
+        assert ids == _hf_ids(tokenizer, text) == _hf_ids(exported_tokenizer, text)
+        assert vocabulary.decode(ids) == tokenizer.decode(ids)
