@@ -97,6 +97,7 @@ def evaluate(
     task_names = evaluation.evaluable_tasks(task, split)
     if not task_names:
         raise ConfigError(f"{task!r} has no task with metrics and a {split!r} split.")
+    input_pipeline.check_checkpoint_vocabulary(input_pipeline.resolve_task(task), checkpoint)
     model, params = restore_model(checkpoint, model_class)
     output_dir = output_dir or default_output_dir(checkpoint, "eval")
     results = {}

@@ -187,6 +187,7 @@ def infer(
     task_obj = input_pipeline.resolve_task(task)
     if not input_file:
         input_pipeline.check_data_available(task_obj, split)
+    input_pipeline.check_checkpoint_vocabulary(task_obj, checkpoint)
     vocabulary = task_obj.output_features["targets"].vocabulary
     model = (model_class or base.default_model_class())()
     prompt_limit = check_decode_fits(model, feature_lengths)

@@ -16,6 +16,7 @@ import jax
 import seqio
 import tensorflow as tf
 
+from t5x_like import storage
 from t5x_like.data import task_heads, text_files
 from t5x_like.errors import ConfigError
 
@@ -189,6 +190,18 @@ def vocabulary_identity(vocabulary: seqio.Vocabulary) -> dict:
             "lower_case": vocabulary.lower_case,
             "file": vocabulary.vocab_path,
         }
+    from t5x_like.data.bpe import BPEVocabulary
+
+    if isinstance(vocabulary, BPEVocabulary):
+        files = hashlib.sha256()
+        for path in (vocabulary.vocab_path, vocabulary.merges_path):
+            files.update(storage.read_bytes(path))
+        return {
+            "kind": f"BPE ({vocabulary.kind})",
+            "sha256": files.hexdigest(),
+            "extra_ids": vocabulary.extra_ids,
+            "file": vocabulary.vocab_path,
+        }
     pieces = "\n".join(vocabulary.decode([i]) for i in range(vocabulary.vocab_size))
     return {
         "kind": type(vocabulary).__name__,
@@ -214,6 +227,40 @@ def same_vocabulary(a: dict, b: dict) -> bool:
     }
 
 
+def _vocabulary_name(v: Mapping) -> str:
+    return f"{v['kind']} {v.get('file') or '(built in)'} (sha256 {v['sha256'][:12]})"
+
+
+# The identities of vocabularies that turn text into ids (not a label's pass-through ids).
+_TEXT_VOCABULARIES = ("SentencePiece", "WordPiece", "BPE")
+
+
+def check_checkpoint_vocabulary(task_or_mixture: seqio.Task | seqio.Mixture, path: str) -> None:
+    """A task must read the vocabulary that the checkpoint at `path` came with (the tokenizer
+    `convert` kept beside it): a different one, of any size, gives the same ids other
+    meanings. Refused naming both, before any parameter is read; a checkpoint saved without
+    its tokenizer is not checked."""
+    from t5x_like.checkpoints import tokenizer_files
+
+    directory = tokenizer_files.find(path)
+    vocabulary = tokenizer_files.vocabulary(directory) if directory else None
+    if vocabulary is None:
+        return
+    theirs = vocabulary_identity(vocabulary)
+    for task in _tasks_of(task_or_mixture):
+        for key, feature in task.output_features.items():
+            ours = vocabulary_identity(feature.vocabulary)
+            if ours["kind"].startswith(_TEXT_VOCABULARIES) and not same_vocabulary(theirs, ours):
+                raise ConfigError(
+                    f"Task {task.name!r} feature {key!r} reads the vocabulary "
+                    f"{_vocabulary_name(ours)}, but the checkpoint {path} came with "
+                    f"{_vocabulary_name(theirs)}: the same ids would mean other pieces. Use a "
+                    "task on the checkpoint's tokenizer (its files are in "
+                    f"{os.path.join(str(directory), tokenizer_files.DIRECTORY)}), or another "
+                    "checkpoint."
+                )
+
+
 def check_resumed_vocabulary(
     saved: Mapping[str, dict], current: Mapping[str, dict], model_dir: str, task_name: str
 ) -> None:
@@ -221,9 +268,7 @@ def check_resumed_vocabulary(
     for key, before in saved.items():
         now = current.get(key)
         if now is not None and not same_vocabulary(before, now):
-
-            def name(v: dict) -> str:
-                return f"{v['kind']} {v.get('file') or '(built in)'} (sha256 {v['sha256'][:12]})"
+            name = _vocabulary_name
 
             raise ConfigError(
                 f"MODEL_DIR {model_dir} was trained with the {key!r} vocabulary {name(before)}, "

@@ -231,6 +231,7 @@ def train(
                 model.config,
                 checkpointing.init_checkpoint,
             )
+            input_pipeline.check_checkpoint_vocabulary(task_obj, checkpointing.init_checkpoint)
         eval_tasks = task_eval.evaluable_tasks(task_obj) if evaluation.metrics_every else []
         _write_start_up_report(
             model_dir, mesh, rules, layout, abstract, model, phase_plan[0][1], data.batch_size

@@ -157,3 +157,79 @@ def test_t5_sentencepiece_travels_with_its_extra_ids(tmp_path):
         assert ids == pieces.encode(text)
         assert ids == _hf_ids(tokenizer, text) == _hf_ids(exported_tokenizer, text)
         assert vocabulary.decode(ids) == tokenizer.decode(ids)
+
+
+# ------------------------------------------------------------------ vocabulary agreement
+def _spm(directory, name, vocab_size, texts):
+    import sentencepiece as spm
+
+    directory.mkdir(parents=True, exist_ok=True)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts),
+        model_prefix=str(directory / name),
+        vocab_size=vocab_size,
+        pad_id=0,
+        eos_id=1,
+        unk_id=2,
+        bos_id=-1,
+    )
+    return str(directory / f"{name}.model")
+
+
+def _task(name, vocabulary):
+    import seqio
+    import tensorflow as tf
+
+    seqio.TaskRegistry.remove(name)
+    return seqio.TaskRegistry.add(
+        name,
+        source=seqio.FunctionDataSource(
+            lambda split, shuffle_files: tf.data.Dataset.from_tensors({"inputs": "x"}),
+            splits=["train"],
+        ),
+        preprocessors=[],
+        output_features={
+            "inputs": seqio.Feature(vocabulary),
+            "targets": seqio.Feature(vocabulary),
+        },
+    )
+
+
+def test_a_task_on_another_vocabulary_than_the_checkpoints_is_refused(tmp_path):
+    """Both ways: a smaller vocabulary, one of the same size learnt from other text, and the
+    same pieces with other extra ids are each refused, naming both; the checkpoint's own
+    SentencePiece model, from another path, is accepted."""
+    import seqio
+
+    from t5x_like import input_pipeline
+    from t5x_like.errors import ConfigError
+
+    prose = _prose()
+    own = _spm(tmp_path / "release", "spiece", 300, prose)
+    tokenizer_files.save(
+        str(tmp_path / "ckpt"),
+        {"spiece.model": own},
+        {"type": "sentencepiece", "file": "spiece.model", "extra_ids": 100},
+    )
+    copy = tmp_path / "elsewhere" / "copy.model"
+    copy.parent.mkdir()
+    copy.write_bytes(open(own, "rb").read())
+    task = _task("tokenizer_travel_same", seqio.SentencePieceVocabulary(str(copy), extra_ids=100))
+    input_pipeline.check_checkpoint_vocabulary(task, str(tmp_path / "ckpt"))
+
+    others = {
+        "smaller": seqio.SentencePieceVocabulary(
+            _spm(tmp_path / "other", "small", 200, prose), extra_ids=100
+        ),
+        "same_size_other_text": seqio.SentencePieceVocabulary(
+            _spm(tmp_path / "other", "reversed", 300, [t[::-1] for t in prose]), extra_ids=100
+        ),
+        "other_extra_ids": seqio.SentencePieceVocabulary(str(copy), extra_ids=0),
+    }
+    for name, vocabulary in others.items():
+        task = _task(f"tokenizer_travel_{name}", vocabulary)
+        with pytest.raises(ConfigError) as refused:
+            input_pipeline.check_checkpoint_vocabulary(task, str(tmp_path / "ckpt"))
+        message = str(refused.value)
+        assert "tokenizer/spiece.model" in message, name  # the checkpoint's, named
+        assert str(vocabulary.sentencepiece_model_file) in message, name  # and the task's
