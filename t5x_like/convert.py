@@ -21,10 +21,11 @@ BertForMultipleChoice / BertForTokenClassification); fine-tuned HF checkpoints o
 classes import too.
 
 `--from_original` reads a checkpoint in the format its authors released, recognised from its
-files: Google's TF1 BERT (`bert_config.json`, `vocab.txt`, `bert_model.ckpt.*`) and OpenAI's
+files: Google's TF1 BERT (`bert_config.json`, `vocab.txt`, `bert_model.ckpt.*`), OpenAI's
 GPT-1 (`params_shapes.json`, `params_{0..9}.npy`, `encoder_bpe_40000.json`,
-`vocab_40000.bpe`) and Mesh-TensorFlow T5 v1.0 / v1.1 (`checkpoint`, `model.ckpt-N.*`,
-`operative_config.gin`, optionally its `sentencepiece.model`). Its tokenizer files are kept in
+`vocab_40000.bpe`), Mesh-TensorFlow T5 v1.0 / v1.1 (`checkpoint`, `model.ckpt-N.*`,
+`operative_config.gin`, optionally its `sentencepiece.model`) and t5x (`checkpoint_N/` with
+its msgpack `checkpoint` and TensorStore arrays). Its tokenizer files are kept in
 CKPT_DIR/tokenizer/.
 """
 
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--from_original",
         help="a checkpoint in its authors' format (Google TF1 BERT, OpenAI GPT-1, "
-        "Mesh-TensorFlow T5) to import",
+        "Mesh-TensorFlow T5, t5x) to import",
     )
     parser.add_argument(
         "--to", help="output orbax checkpoint directory (with --from_hf or --from_original)"

@@ -23,6 +23,7 @@ BUILT_IN = (
     "t5x_like.families.bert.google_tf1",
     "t5x_like.families.gpt.openai_release",
     "t5x_like.families.t5.mesh_tf",
+    "t5x_like.families.t5.t5x_native",
 )
 
 
