@@ -46,12 +46,18 @@ class DecoderOnlyModel(base.Model):
         loss_normalizing_factor: float | str | None = "num_real_target_tokens",
         attention: str = "prefix",
         loss_on_targets_only: bool = True,
-        start_token_id: int = 0,
-        eos_id: int = 1,
+        start_token_id: int | None = 0,
+        eos_id: int | None = 1,
         loss_chunk_length: int | None = None,
     ) -> None:
         """`loss_chunk_length`: compute the training loss that many positions at a time
-        (`losses.chunked_loss_sums`), never holding the whole batch's logits."""
+        (`losses.chunked_loss_sums`), never holding the whole batch's logits.
+
+        `start_token_id` and `eos_id` are the model's own conventions: this codebase's models
+        (seqio's decoder feature converter) see id 0 before each sequence and end at EOS 1;
+        an imported GPT-2 has no start token (None: the prompt goes in as it is, as
+        transformers' `generate` feeds it) and ends at `<|endoftext|>` (50256), and OpenAI's
+        GPT-1 has neither (None: generation runs to its length)."""
         if attention not in self.ATTENTION_MODES:
             raise ValueError(
                 f"DecoderOnlyModel.attention={attention!r}; choose one of {self.ATTENTION_MODES}."
@@ -108,24 +114,35 @@ class DecoderOnlyModel(base.Model):
         return_all_beams: bool = False,
         rng: Array | None = None,
     ):
-        """Continue each prompt (`batch['prompt_tokens']`, right-padded with 0; a text-to-text
+        """Continue each prompt (`batch['prompt_tokens']`, right-padded; a text-to-text
         example's `inputs`) by up to `max_decode_length` tokens on the key/value cache, with
         the same greedy / beam / sampling loops as T5 (`decoding.DecodeConfig`).
 
-        As in training, the model sees the start token, then the prompt: the prompt goes into
-        the cache in one pass (fully visible for a prefix LM, causal otherwise), rows are
+        Each row's length is `batch['prompt_lengths']` when given, and otherwise its count of
+        non-zero ids: this codebase's vocabularies pad with 0, but in GPT-2's id 0 is '!', so
+        a prompt in an imported GPT-2's vocabulary comes with its lengths. As in training, the
+        model sees the start token (if it has one), then the prompt: the prompt goes into the
+        cache in one pass (fully visible for a prefix LM, causal otherwise), rows are
         left-aligned to end together (padding masked, positions counted from each row's own
         start), and the last prompt position's logits choose the first new token."""
         from t5x_like import decoding
 
         decode = decode or decoding.DecodeConfig()
         prompt = jnp.asarray(batch[self.PROMPT_FEATURE], jnp.int32)
+        lengths = (
+            jnp.asarray(batch["prompt_lengths"], jnp.int32)
+            if "prompt_lengths" in batch
+            else jnp.sum(prompt > 0, axis=1).astype(jnp.int32)
+        )
         batch_size = prompt.shape[0]
         beams = decode.beam_size if decode.method == "beam" else 1
         if beams > 1:
-            prompt = decoding.repeat_for_beams(prompt, beams)
-        tokens_to_logits, cache = self._prefilled_decoder(params, prompt, max_decode_length)
-        ids = dict(start_token_id=self.start_token_id, eos_id=self.eos_id)
+            prompt, lengths = decoding.repeat_for_beams((prompt, lengths), beams)
+        tokens_to_logits, cache = self._prefilled_decoder(
+            params, prompt, lengths, max_decode_length
+        )
+        # The loops feed this id first; its logits are the prompt's, so any id serves.
+        ids = dict(start_token_id=self.start_token_id or 0, eos_id=self.eos_id)
         if decode.method == "beam":
             seqs, scores = decoding.beam_search(
                 tokens_to_logits, cache, batch_size, beams, max_decode_length, decode.alpha, **ids
@@ -150,18 +167,21 @@ class DecoderOnlyModel(base.Model):
             )
         return (seqs, scores) if return_scores else seqs
 
-    def _prefilled_decoder(self, params, prompt: Array, max_decode_length: int):
+    def _prefilled_decoder(
+        self, params, prompt: Array, prompt_lengths: Array, max_decode_length: int
+    ):
         """(tokens_to_logits, cache) for `decoding`'s loops, with the prompt already in the
         cache. The loops' first call (fed the start token) returns the prompt's last logits
         without running the model; later calls write one new token each."""
         rows, prompt_len = prompt.shape
-        width = prompt_len + 1  # start token + prompt
+        start = [] if self.start_token_id is None else [self.start_token_id]
+        width = prompt_len + len(start)  # start token (if any) + prompt
         total = width + max_decode_length
-        lengths = jnp.sum(prompt > 0, axis=1) + 1
+        lengths = prompt_lengths + len(start)
         pad = width - lengths  # left padding per row
         slots = jnp.arange(width)[None, :]
         with_start = jnp.concatenate(
-            [jnp.full((rows, 1), self.start_token_id, jnp.int32), prompt], axis=1
+            [jnp.full((rows, len(start)), start[0] if start else 0, jnp.int32), prompt], axis=1
         )
         source = jnp.clip(slots - pad[:, None], 0, width - 1)
         real = slots >= pad[:, None]
