@@ -32,11 +32,13 @@ CKPT_DIR/tokenizer/.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import sys
-from typing import Any, Callable
+import tempfile
+from typing import Any, Callable, Iterator
 
-from t5x_like import logs
+from t5x_like import logs, storage
 from t5x_like.checkpoints import (
     hf_families,
     hf_files,
@@ -48,7 +50,30 @@ from t5x_like.checkpoints import (
 from t5x_like.errors import CheckpointError
 
 
+@contextlib.contextmanager
+def _local(path: str, write: bool = False) -> Iterator[str]:
+    """A local directory for `path`: itself, or for a bucket (`gs://`) a temporary copy, since
+    safetensors, torch and transformers read and write local files only. `write=True` copies
+    what was written back to the bucket when the block ends without an error."""
+    if not storage.is_remote(path):
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="t5x_like_convert_") as local:
+        if not write:
+            logs.log(f"Copying {path} to {local} to read it")
+            storage.copy_tree(path, local)
+        yield local
+        if write:
+            logs.log(f"Copying {local} to {path}")
+            storage.copy_tree(local, path)
+
+
 def _import(args: argparse.Namespace) -> int:
+    with _local(args.from_hf) as local:
+        return _import_local(argparse.Namespace(**{**vars(args), "from_hf": local}))
+
+
+def _import_local(args: argparse.Namespace) -> int:
     model_type = hf_files.read_config(args.from_hf).get(
         "model_type", hf_families.UNTYPED_MODEL_TYPE
     )
@@ -150,10 +175,11 @@ def _restack(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     config, params = _read_checkpoint(args.from_ckpt)
     family = hf_families.for_config(config)
-    save, architecture = family.export(args.to_hf, params, config, args.hf_architecture)
-    _write(save, args.to_hf, params, f" (config.json + model.safetensors, {architecture} layout)")
-    source = tokenizer_files.find(args.from_ckpt)
-    written = tokenizer_files.export_hf(source, args.to_hf) if source else []
+    with _local(args.to_hf, write=True) as local:
+        save, architecture = family.export(local, params, config, args.hf_architecture)
+        _write(save, args.to_hf, params, f" (config.json + model.safetensors, {architecture})")
+        source = tokenizer_files.find(args.from_ckpt)
+        written = tokenizer_files.export_hf(source, local) if source else []
     if written:
         logs.log(f"Wrote its tokenizer: {', '.join(written)}")
     else:

@@ -679,3 +679,28 @@ def test_t5x_specs_in_a_bucket_read_through_tensorstores_gcs_driver():
     )
     assert absolute["metadata"] == {"shape": [768]}
     assert spec["metadata"]["chunks"] == [768]  # the msgpack's own spec is left as it was
+
+
+def test_original_formats_read_from_a_bucket(tmp_path):
+    """The importers read through the storage layer (`ram://` standing in for gs://): a GPT-1
+    release, a Google BERT release and a Mesh-TF T5 checkpoint copied to the bucket import to
+    the same parameters as from disk."""
+    import uuid
+
+    import jax
+
+    from t5x_like import storage
+
+    bucket = f"ram://t5x_like_test/{uuid.uuid4().hex}"
+    _gpt_release(tmp_path / "gpt")
+    _bert_release(tmp_path / "bert")
+    _t5_checkpoint(tmp_path / "mesh")
+    for name in ("gpt", "bert", "mesh"):
+        storage.copy_tree(str(tmp_path / name), f"{bucket}/{name}")
+        assert _convert_original(tmp_path / name, tmp_path / f"{name}_disk") == 0
+        assert _convert_original(f"{bucket}/{name}", tmp_path / f"{name}_bucket") == 0
+        _, disk = _restored(tmp_path / f"{name}_disk")
+        _, remote = _restored(tmp_path / f"{name}_bucket")
+        for a, b in zip(jax.tree_util.tree_leaves(disk), jax.tree_util.tree_leaves(remote)):
+            np.testing.assert_array_equal(a, b)
+        assert (tmp_path / f"{name}_bucket" / "tokenizer" / "vocabulary.json").exists()

@@ -1,7 +1,7 @@
 """Reading TensorFlow 1 checkpoints (`name.index` + `name.data-*`): Google's BERT release and
 Mesh-TensorFlow's T5 checkpoints are in this format.
 
-TensorFlow's own reader (`tf.train.load_checkpoint`) does the reading, so a local path and a
+TensorFlow's own checkpoint reader does the reading, so a local path and a
 `gs://` one go through the same file system layer as the rest of our storage. Variables that
 only an optimizer needs (Adam's moments, Adafactor's slots, the step counter) are left
 unread: a pretraining run's checkpoint is three times the size of its weights.
@@ -53,13 +53,21 @@ def checkpoint_prefix(path: str, preferred: tuple[str, ...] = ()) -> str:
     )
 
 
+def variable_names(prefix: str) -> set[str]:
+    """The names of the checkpoint's variables (its index only is read)."""
+    reader = storage.tensorflow().compat.v1.train.NewCheckpointReader(prefix)
+    return set(reader.get_variable_to_shape_map())
+
+
 def read_variables(prefix: str, skip: Callable[[str], bool]) -> dict[str, Tensor]:
     """Every variable of the checkpoint at `prefix` except those `skip` names, as numpy arrays
     in their stored dtype. An unreadable or truncated checkpoint is a CheckpointError naming
     it, raised before anything is written."""
     tf = storage.tensorflow()
     try:
-        reader = tf.train.load_checkpoint(prefix)
+        # The reader of the prefix itself: `tf.train.load_checkpoint` first asks whether the
+        # path is a directory, which a bucket's flat names can answer yes to.
+        reader = tf.compat.v1.train.NewCheckpointReader(prefix)
         shapes = reader.get_variable_to_shape_map()
     except Exception as e:  # noqa: BLE001 - tf.errors.*: damaged index or missing data file
         raise CheckpointError(

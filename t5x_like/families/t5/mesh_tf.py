@@ -189,7 +189,7 @@ def recognises(path: str) -> bool:
         return False
     try:
         prefix = tf_checkpoints.checkpoint_prefix(path)
-        names = {n for n, _ in storage.tensorflow().train.list_variables(prefix)}
+        names = tf_checkpoints.variable_names(prefix)
     except Exception:  # noqa: BLE001 - not a (readable) TF checkpoint: not this format
         return False
     return "shared/embedding" in names
