@@ -5,9 +5,10 @@
         --gin.INFER_TASK=glue_cola_v002 --gin.infer.input_file=inputs.txt
 
 Inputs: a text file (one input a line, e.g. "cola sentence: ...") or JSONL with an `inputs`
-field, tokenized with the task's vocabulary; without `input_file`, the task's `split`.
-Output (default CHECKPOINT/infer/<task>.jsonl): {"inputs", "prediction", "score"} per line
-(plus "target" for task examples). Decoding follows `DecodeConfig` (greedy by default; beam
+field, tokenized with the task's vocabulary, or without a task with the tokenizer `convert`
+kept beside the checkpoint; without `input_file`, the task's `split`.
+Output (default CHECKPOINT/infer/<task or "inputs">.jsonl): {"inputs", "prediction", "score"}
+per line (plus "target" for task examples). Decoding follows `DecodeConfig` (greedy by default; beam
 search or sampling by binding it).
 """
 
@@ -162,6 +163,23 @@ def check_decode_fits(model, feature_lengths: Mapping[str, int]) -> PromptLimit 
     return PromptLimit(inputs, f"raise --gin.infer.task_feature_lengths 'inputs'{room}")
 
 
+def _checkpoint_vocabulary(checkpoint: str, input_file: str | None):
+    """Without a task, the vocabulary of the tokenizer saved with the checkpoint (`convert`
+    keeps the imported model's own), for inputs from a file."""
+    from t5x_like.checkpoints import tokenizer_files
+
+    directory = tokenizer_files.find(checkpoint) if input_file else None
+    vocabulary = tokenizer_files.vocabulary(directory) if directory else None
+    if vocabulary is None:
+        raise ConfigError(
+            "infer.task (--gin.INFER_TASK=...) names the task whose vocabulary (and, without "
+            "infer.input_file, whose examples) to use; without one, infer reads "
+            "infer.input_file with the tokenizer saved beside the checkpoint, and "
+            f"{checkpoint} has none (python -m t5x_like.convert keeps an imported model's)."
+        )
+    return vocabulary
+
+
 @gin.configurable
 def infer(
     checkpoint: str | None = None,
@@ -177,18 +195,17 @@ def infer(
 ) -> list[dict[str, Any]]:
     """Predictions of `model_class` (T5 by default; `@DecoderOnlyModel` continues each input
     as its prompt, `add_eos=False` for a plain language model) for a file or a task split."""
-    if not task:
-        raise ConfigError(
-            "infer.task (--gin.INFER_TASK=...) names the task whose vocabulary "
-            "(and, without infer.input_file, whose examples) to use."
-        )
     require_checkpoint(checkpoint)
     feature_lengths = dict(task_feature_lengths)
-    task_obj = input_pipeline.resolve_task(task)
-    if not input_file:
-        input_pipeline.check_data_available(task_obj, split)
-    input_pipeline.check_checkpoint_vocabulary(task_obj, checkpoint)
-    vocabulary = task_obj.output_features["targets"].vocabulary
+    task_obj = None
+    if task:
+        task_obj = input_pipeline.resolve_task(task)
+        if not input_file:
+            input_pipeline.check_data_available(task_obj, split)
+        input_pipeline.check_checkpoint_vocabulary(task_obj, checkpoint)
+        vocabulary = task_obj.output_features["targets"].vocabulary
+    else:
+        vocabulary = _checkpoint_vocabulary(checkpoint, input_file)
     model = (model_class or base.default_model_class())()
     prompt_limit = check_decode_fits(model, feature_lengths)
     examples = (
@@ -201,7 +218,9 @@ def infer(
         model, feature_lengths["targets"], decoding.DecodeConfig()
     )
     total = (
-        len(examples) if input_file else evaluation.expected_examples(task_obj, split, max_examples)
+        len(examples)
+        if input_file or task_obj is None
+        else evaluation.expected_examples(task_obj, split, max_examples)
     )
     predictions = evaluation.predict(
         predict_fn,
@@ -215,7 +234,7 @@ def infer(
     )
     records = [p.to_json() for p in predictions]
     output_file = output_file or os.path.join(
-        default_output_dir(checkpoint, "infer"), f"{task}.jsonl"
+        default_output_dir(checkpoint, "infer"), f"{task or 'inputs'}.jsonl"
     )
     if jax.process_index() == 0:
         evaluation.write_jsonl(output_file, records)

@@ -285,3 +285,19 @@ def test_a_gpt_prompt_longer_than_its_room_is_refused_naming_the_line(tmp_path, 
     assert f"{tmp_path}/p.txt:2: the prompt is " in err
     assert "longer than the 16 of infer.task_feature_lengths['inputs']" in err
     assert "(up to 55 with 'targets': 8: the model has 64 learned positions" in err
+
+
+def test_infer_without_a_task_needs_the_checkpoints_tokenizer(tmp_path, capsys):
+    """With no task, infer reads the input file with the tokenizer convert kept beside the
+    checkpoint; a checkpoint without one is refused, saying so, before anything is loaded."""
+    from t5x_like import infer
+
+    (tmp_path / "inputs.txt").write_text("hello\n")
+    argv = [
+        "--gin_file=gin_configs/runs/infer.gin",
+        f"--gin.CHECKPOINT={tmp_path / 'no_tokenizer'}",
+        f"--gin.infer.input_file={tmp_path / 'inputs.txt'}",
+    ]
+    assert infer.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "tokenizer saved beside the checkpoint" in err and "has none" in err

@@ -101,7 +101,7 @@ def test_a_run_gin_file_loads_as_a_model_config():
     [
         ("train", "Data.batch_size=8", "No model directory"),
         ("eval", "evaluate.batch_size=8", "No checkpoint"),
-        ("infer", "infer.batch_size=8", "infer.task"),
+        ("infer", "infer.batch_size=8", "No checkpoint"),  # the task is optional with a file
     ],
 )
 def test_each_entry_point_run_as_a_module_has_one_configurable(entry, binding, refusal):
