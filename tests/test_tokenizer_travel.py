@@ -124,22 +124,19 @@ def test_bert_vocab_travels_with_its_casing(tmp_path):
         assert _hf_ids(exported_tokenizer, text) == _hf_ids(tokenizer, text)
 
 
+def _t5_tokenizer(directory):
+    """A HF T5 directory's tokenizer: a 300-piece spiece.model learnt from real prose, read by
+    transformers (which then saves the hub's tokenizer files beside it), with 100 extra ids."""
+    _spm(directory, "spiece", 300, _prose())
+    tokenizer = transformers.T5Tokenizer.from_pretrained(str(directory), extra_ids=100)
+    tokenizer.save_pretrained(str(directory))
+    return tokenizer
+
+
 def test_t5_sentencepiece_travels_with_its_extra_ids(tmp_path):
     import sentencepiece as spm
 
-    (tmp_path / "hf").mkdir()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(_prose()),
-        model_prefix=str(tmp_path / "hf" / "spiece"),
-        vocab_size=300,
-        pad_id=0,
-        eos_id=1,
-        unk_id=2,
-        bos_id=-1,
-    )
-    # transformers reads spiece.model from the directory, then saves the hub's layout beside it.
-    tokenizer = transformers.T5Tokenizer.from_pretrained(str(tmp_path / "hf"), extra_ids=100)
-    tokenizer.save_pretrained(str(tmp_path / "hf"))
+    tokenizer = _t5_tokenizer(tmp_path / "hf")
     pieces = spm.SentencePieceProcessor(model_file=str(tmp_path / "hf" / "spiece.model"))
     config = transformers.T5Config(
         vocab_size=len(tokenizer), d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2
@@ -241,23 +238,11 @@ def test_infer_without_a_task_reads_with_the_checkpoints_tokenizer(tmp_path):
     `generate(do_sample=False)` and its tokenizer give for the same text."""
     import dataclasses
 
-    import sentencepiece as spm
     import torch
 
     from t5x_like import infer
 
-    (tmp_path / "hf").mkdir()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(_prose()),
-        model_prefix=str(tmp_path / "hf" / "spiece"),
-        vocab_size=300,
-        pad_id=0,
-        eos_id=1,
-        unk_id=2,
-        bos_id=-1,
-    )
-    tokenizer = transformers.T5Tokenizer.from_pretrained(str(tmp_path / "hf"), extra_ids=100)
-    tokenizer.save_pretrained(str(tmp_path / "hf"))
+    tokenizer = _t5_tokenizer(tmp_path / "hf")
     torch.manual_seed(0)
     model = transformers.T5ForConditionalGeneration(
         transformers.T5Config(

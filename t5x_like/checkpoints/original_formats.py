@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Any, Callable
+import os
+from typing import Any, Callable, Sequence
 
 from t5x_like.errors import CheckpointError
 
@@ -49,6 +50,35 @@ class OriginalFormat:
     looks_for: str  # the files that identify it, for the message when nothing matches
     recognises: Callable[[str], bool]
     load: Callable[[str], Imported]
+
+
+def listed(names: Sequence[str], prefix: str = "", most: int = 5) -> str:
+    """The first `most` names for a message ('a, b, c ...'), each with `prefix`."""
+    shown = ", ".join(prefix + n for n in names[:most])
+    return shown + (" ..." if len(names) > most else "")
+
+
+def with_sentencepiece(
+    config: Any, params: Params, directory: str, names: Sequence[str], released_at: str
+) -> Imported:
+    """A T5 import, with the first of `names` found in `directory` kept as its SentencePiece
+    tokenizer (T5's 100 sentinel ids after it). The T5 releases keep their vocabulary apart
+    (`released_at`), so without one nothing is kept and the log says where it is."""
+    from t5x_like import logs, storage
+
+    found = next((n for n in names if storage.exists(os.path.join(directory, n))), None)
+    if found is None:
+        logs.log(
+            f"No {' or '.join(names)} in {directory}: no tokenizer is kept with the "
+            f"checkpoint. Its vocabulary was released as {released_at}."
+        )
+        return Imported(config, params, tokenizer_files={}, vocabulary=None)
+    return Imported(
+        config,
+        params,
+        tokenizer_files={found: os.path.join(directory, found)},
+        vocabulary={"type": "sentencepiece", "file": found, "extra_ids": 100},
+    )
 
 
 _REGISTERED: list[OriginalFormat] = []

@@ -87,7 +87,7 @@ def _check_names(tensors: dict[str, Tensor], tf_names: dict[str, str], cfg: hf.B
     if unknown:
         raise CheckpointError(
             f"The checkpoint holds {len(unknown)} variable(s) Google's BERT does not have: "
-            f"{', '.join(unknown[:5])}{' ...' if len(unknown) > 5 else ''}. Only a pretraining "
+            f"{original_formats.listed(unknown)}. Only a pretraining "
             "checkpoint (bert/ with or without cls/) imports; a fine-tuned one's task head "
             "has no place in BertForPreTraining."
         )
@@ -96,7 +96,7 @@ def _check_names(tensors: dict[str, Tensor], tf_names: dict[str, str], cfg: hf.B
     if missing:
         raise CheckpointError(
             f"The checkpoint lacks {len(missing)} variable(s) that {CONFIG} implies: "
-            f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; it may be another "
+            f"{original_formats.listed(missing)}; it may be another "
             "model's checkpoint, or its config another model's."
         )
 

@@ -88,7 +88,7 @@ def hf_tensors(variables: dict[str, Tensor]) -> dict[str, Tensor]:
     if unknown:
         raise CheckpointError(
             f"The checkpoint holds {len(unknown)} variable(s) Mesh-TensorFlow's T5 does not "
-            f"have: {', '.join(unknown[:5])}{' ...' if len(unknown) > 5 else ''}. Only T5 "
+            f"have: {original_formats.listed(unknown)}. Only T5 "
             "v1.0 / v1.1 encoder-decoder checkpoints import."
         )
     return {
@@ -200,18 +200,12 @@ def load(path: str) -> original_formats.Imported:
     variables = tf_checkpoints.read_variables(prefix, is_optimizer_state)
     directory = _directory(path)
     cfg, params = hf.from_hf_tensors(hf_config(variables, directory), hf_tensors(variables))
-    spm = next((n for n in SENTENCEPIECE_FILES if storage.exists(os.path.join(directory, n))), None)
-    if spm is None:
-        logs.log(
-            f"No {' or '.join(SENTENCEPIECE_FILES)} beside the checkpoint: none is kept with it. "
-            "The released T5 checkpoints use gs://t5-data/vocabs/cc_all.32000/sentencepiece.model."
-        )
-        return original_formats.Imported(cfg, params, tokenizer_files={}, vocabulary=None)
-    return original_formats.Imported(
+    return original_formats.with_sentencepiece(
         cfg,
         params,
-        tokenizer_files={spm: os.path.join(directory, spm)},
-        vocabulary={"type": "sentencepiece", "file": spm, "extra_ids": 100},
+        directory,
+        SENTENCEPIECE_FILES,
+        "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model",
     )
 
 

@@ -215,13 +215,13 @@ def params_of(arrays: dict[str, Tensor], cfg: T5Config) -> dict[str, Any]:
     if unknown:
         raise CheckpointError(
             f"The checkpoint holds {len(unknown)} parameter(s) this T5 does not have: "
-            f"target/{', target/'.join(unknown[:5])}{' ...' if len(unknown) > 5 else ''}."
+            f"{original_formats.listed(unknown, 'target/')}."
         )
     missing = sorted(set(expected) - set(arrays))
     if missing:
         raise CheckpointError(
             f"The checkpoint lacks {len(missing)} parameter(s) that its shapes imply: "
-            f"target/{', target/'.join(missing[:5])}{' ...' if len(missing) > 5 else ''}."
+            f"{original_formats.listed(missing, 'target/')}."
         )
     params: dict[str, Any] = {}
     for name, want in expected.items():
@@ -255,18 +255,12 @@ def load(path: str) -> original_formats.Imported:
     arrays = read_target(directory)
     cfg = config_of(arrays)
     params = params_of(arrays, cfg)
-    spm = os.path.join(directory, SENTENCEPIECE)
-    if not storage.exists(spm):
-        logs.log(
-            f"No {SENTENCEPIECE} in {directory}: none is kept with the checkpoint. t5x's T5 "
-            "checkpoints use gs://t5-data/vocabs/cc_all.32000.100extra/sentencepiece.model."
-        )
-        return original_formats.Imported(cfg, params, tokenizer_files={}, vocabulary=None)
-    return original_formats.Imported(
+    return original_formats.with_sentencepiece(
         cfg,
         params,
-        tokenizer_files={SENTENCEPIECE: spm},
-        vocabulary={"type": "sentencepiece", "file": SENTENCEPIECE, "extra_ids": 100},
+        directory,
+        (SENTENCEPIECE,),
+        "gs://t5-data/vocabs/cc_all.32000.100extra/sentencepiece.model",
     )
 
 
