@@ -1,10 +1,12 @@
-"""Run the released reference code (the T5 library, Google's BERT) in a process of its own.
+"""Run the released reference code (the T5 library, Google's BERT, transformers 4.57.6's
+checkpoint loaders) in a process of its own.
 
 The data-path tests compare our output with the reference implementations' output on the same
-input. Those packages live in `.venv/oracles` (requirements/oracles.txt, installed without
-their dependencies by launch/_venv.sh) and never on the tests' own path: the T5 library
-registers seqio tasks under the same names as ours, so each oracle runs as a separate Python
-process with the oracle folder first on its path.
+input. Those packages live in `.venv/oracles` (requirements/oracles.txt) and
+`.venv/oracles_transformers4` (requirements/oracles_transformers4.txt), installed without
+their dependencies by launch/_venv.sh, and never on the tests' own path: the T5 library
+registers seqio tasks under the same names as ours, and transformers 4 is older than the
+venv's, so each oracle runs as a separate Python process with its folder first on its path.
 
 An oracle is a script in `tests/oracles/` that reads one JSON payload from stdin and writes one
 JSON result to stdout (`oracle_main` below does both, with the network blocked as in the
