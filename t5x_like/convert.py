@@ -93,10 +93,10 @@ def _import_local(args: argparse.Namespace) -> int:
             )
             return 1
         logs.log(f"verified: within {hf_files.VERIFY_TOLERANCE:g} of the reference")
+    tokenizer = family.tokenizer(args.from_hf, model_type)  # read (or refused) before writing
     if args.layout == "scanned":
         config, params = _relayout(config, params, scanned=True)
     _write(functools.partial(params_io.save_params, args.to, params, config), args.to, params)
-    tokenizer = family.tokenizer(args.from_hf, model_type)
     if tokenizer is None:
         logs.log(f"No tokenizer files in {args.from_hf}: none is kept with the checkpoint.")
     else:

@@ -208,7 +208,7 @@ def beam_search(
     max_decode_length: int,
     alpha: float = 0.6,
     start_token_id: int = 0,
-    eos_id: int = 1,
+    eos_id: int | None = 1,
 ) -> tuple[Array, Array]:
     """Beam search over a cache laid out as (batch * beam_size, ...) (`repeat_for_beams`).
 
@@ -246,7 +246,7 @@ def beam_search(
         top_seqs = jax.lax.dynamic_update_slice_in_dim(
             top_seqs, token[:, :, None], step + 1, axis=2
         )
-        is_eos = token == eos_id
+        is_eos = jnp.zeros(token.shape, bool) if eos_id is None else token == eos_id
         # Live: the K best extensions that did not end.
         live_lp = jnp.where(is_eos, NEG_INF, top_lp)
         live_lp, keep = jax.lax.top_k(live_lp, k)
@@ -292,6 +292,6 @@ def beam_search(
     seqs = _gather_beams(jnp.concatenate([fin_seqs, alive_seqs], axis=1), order)[:, :, 1:]
     scores = jnp.take_along_axis(jnp.concatenate([fin_scores, alive_scores], axis=1), order, axis=1)
     # Zero everything after each sequence's first EOS.
-    is_eos = seqs == eos_id
+    is_eos = jnp.zeros(seqs.shape, bool) if eos_id is None else seqs == eos_id
     after_eos = jnp.cumsum(is_eos, axis=-1) - is_eos > 0
     return jnp.where(after_eos, 0, seqs), scores

@@ -106,6 +106,11 @@ def read_inputs(
                 f"would be continued from the wrong place); shorten the line, or "
                 f"{prompt_limit.how_to_raise}."
             )
+        if add_eos and vocabulary.eos_id is None:
+            raise ConfigError(
+                f"infer.add_eos=True, but the vocabulary ({type(vocabulary).__name__}) has no "
+                "end-of-sequence id (GPT-1's BPE has none): set --gin.infer.add_eos=False."
+            )
         ids = ids[: inputs_length - int(add_eos)] + ([vocabulary.eos_id] if add_eos else [])
         yield {"inputs": np.array(ids, np.int32), "inputs_pretokenized": text.encode()}
 

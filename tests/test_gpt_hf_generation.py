@@ -97,3 +97,12 @@ def test_sampling_with_a_fixed_key_is_reproducible():
     other = _ours("gpt2", model, None, sample, jax.random.key(4))
     np.testing.assert_array_equal(first, again)
     assert not np.array_equal(first, other)
+
+
+def test_beam_search_runs_for_a_model_without_eos():
+    """OpenAI GPT has no EOS (eos_id=None): beam search runs to its length (HF's beam scores
+    are not matched yet; this checks the loop, and that its best beam is a real sequence)."""
+    model = _reference("openai-gpt")
+    beam = decoding.DecodeConfig(method="beam", beam_size=3, alpha=0.0)
+    got = _ours("openai-gpt", model, None, beam)
+    assert got.shape == (len(PROMPTS), NEW_TOKENS)

@@ -103,6 +103,26 @@ def _bert_variables(config: dict, heads: bool, rng) -> dict[str, np.ndarray]:
     return variables
 
 
+def _sentencepiece_model(path, sentinels: bool = False) -> None:
+    """A small SentencePiece model learnt from Python's language reference; `sentinels` puts
+    <extra_id_0..99> in it as pieces, as t5x's cc_all.32000.100extra model has them."""
+    from pydoc_data.topics import topics
+
+    import sentencepiece as spm
+
+    extra = [f"<extra_id_{i}>" for i in range(100)] if sentinels else []
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter([topics[k] for k in sorted(topics)[:30]]),
+        model_prefix=str(path).removesuffix(".model"),
+        vocab_size=250,
+        user_defined_symbols=extra,
+        pad_id=0,
+        eos_id=1,
+        unk_id=2,
+        bos_id=-1,
+    )
+
+
 def _save_tf_checkpoint(prefix: str, variables: dict[str, np.ndarray]) -> None:
     """A TF1 checkpoint (NAME.index + NAME.data-00000-of-00001) with exactly these names."""
     import tensorflow as tf
@@ -441,12 +461,19 @@ def _t5_checkpoint(directory, version="v1_0", operative=None, extra=None, drop=(
     variables = {**_t5_variables(version, np.random.default_rng(1)), **(extra or {})}
     for name in drop:
         del variables[name]
+    if version == "v1_1":  # Mesh-TF's default master dtype
+        import ml_dtypes
+
+        variables = {
+            n: v.astype(ml_dtypes.bfloat16) if v.dtype == np.float32 else v
+            for n, v in variables.items()
+        }
     _save_tf_checkpoint(str(directory / "model.ckpt-1000000"), variables)
     (directory / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-1000000"\n')
     if operative is not False:
         (directory / "operative_config.gin").write_text(operative or OPERATIVE[version])
     if spm:
-        (directory / "sentencepiece.model").write_bytes(b"a stand-in for the model's spm file")
+        _sentencepiece_model(directory / "sentencepiece.model")
 
 
 def _t5_hf_config(version: str) -> dict:
@@ -498,6 +525,7 @@ def test_mesh_tf_t5_equals_transformers_tf_loader(tmp_path, version):
     np.testing.assert_allclose(np.asarray(logits), reference["logits"], atol=TOLERANCE)
     described = tokenizer_files.description(str(tmp_path / "ours"))
     assert described is not None and described["file"] == "sentencepiece.model"
+    assert described["extra_ids"] == 100  # the original cc_all.32000 model has no sentinels
 
 
 def test_mesh_tf_t5_without_operative_config_reads_the_layer_shape(tmp_path):
@@ -530,11 +558,13 @@ def test_mesh_tf_t5_refusals(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------ t5x
-def _t5x_checkpoint(step_dir, params, extra=None):
+def _t5x_checkpoint(step_dir, params, extra=None, written_in_a_bucket=False):
     """A t5x step directory as t5x's checkpoints.py writes it: `checkpoint`, the msgpack of
     {'version': 3, 'optimizer': {'target': ..., 'state': ...}}, with each matrix replaced by
     the TensorStore spec of a gzip zarr array at `target.<dotted name>` (relative to the step
-    directory) and each vector inline, DenseGeneral kernels flattened to 2-D."""
+    directory) and each vector inline, DenseGeneral kernels flattened to 2-D.
+    `written_in_a_bucket`: the specs as t5x's `_get_spec` writes them in gs:// (gcs driver, its
+    dummy bucket, the path beside the kvstore), as a checkpoint copied to disk has them."""
     import jax
     import tensorstore as ts
     from flax import serialization
@@ -557,7 +587,11 @@ def _t5x_checkpoint(step_dir, params, extra=None):
             metadata["chunks"] = [max(1, d // 2) for d in value.shape]
             spec = {"driver": "zarr", "dtype": "float32", "metadata": metadata}
             spec["kvstore"] = {"driver": "file", "path": dotted}
-            written = {**spec, "kvstore": {"driver": "file", "path": str(step_dir / dotted)}}
+            if written_in_a_bucket:
+                spec["kvstore"] = {"driver": "gcs", "bucket": "t5x-dummy-bucket"}
+                spec["path"] = dotted
+            written = {k: v for k, v in spec.items() if k != "path"}
+            written["kvstore"] = {"driver": "file", "path": str(step_dir / dotted)}
             ts.open(written, create=True).result().write(value).result()
             leaf = spec
         else:
@@ -612,7 +646,7 @@ def test_t5x_checkpoint_equals_the_hf_path_and_transformers(tmp_path, version):
     hf_cfg = t5_hf.config_from_hf(model.config.to_dict())
     via_hf = t5_hf.params_from_hf({k: v.numpy() for k, v in model.state_dict().items()}, hf_cfg)
     _t5x_checkpoint(tmp_path / "t5x" / "checkpoint_1000", via_hf)
-    (tmp_path / "t5x" / "checkpoint_1000" / "sentencepiece.model").write_bytes(b"stand-in")
+    _sentencepiece_model(tmp_path / "t5x" / "checkpoint_1000" / "sentencepiece.model", True)
     assert _convert_original(tmp_path / "t5x", tmp_path / "ours") == 0
     config, params = _restored(tmp_path / "ours")
     assert config == hf_cfg
@@ -623,7 +657,9 @@ def test_t5x_checkpoint_equals_the_hf_path_and_transformers(tmp_path, version):
         np.testing.assert_array_equal(value, flat_hf[path], err_msg=str(path))
     diffs = t5_hf.max_abs_differences(model, config, params, t5_hf.example_batch(T5["vocab"]))
     assert max(diffs.values()) <= TOLERANCE, diffs
-    assert tokenizer_files.description(str(tmp_path / "ours"))["type"] == "sentencepiece"
+    described = tokenizer_files.description(str(tmp_path / "ours"))
+    # The model holds its sentinels as pieces (t5x's 100extra vocabulary): none are added.
+    assert described["type"] == "sentencepiece" and described["extra_ids"] == 0
 
 
 def test_t5x_refusals(tmp_path, capsys):
@@ -653,6 +689,21 @@ def test_t5x_refusals(tmp_path, capsys):
     path = tmp_path / "cut" / "checkpoint_1" / "checkpoint"
     path.write_bytes(path.read_bytes()[:-30])
     assert "not a readable t5x checkpoint" in _refused(tmp_path, capsys, tmp_path / "cut")
+
+    # t5x's version-2 checkpoints: bfloat16 saved as uint16 bit patterns (t5x refuses them).
+    _t5x_checkpoint(tmp_path / "u16" / "checkpoint_1", params)
+    import tensorstore as ts
+    from flax import serialization
+
+    step = tmp_path / "u16" / "checkpoint_1"
+    contents = serialization.msgpack_restore((step / "checkpoint").read_bytes())
+    spec = contents["optimizer"]["target"]["token_embedder"]["embedding"]
+    spec["dtype"] = "uint16"
+    written = {**spec, "kvstore": {"driver": "file", "path": str(step / "u16.embedding")}}
+    ts.open(written, create=True).result().write(np.zeros(spec["metadata"]["shape"], np.uint16))
+    spec["kvstore"]["path"] = "u16.embedding"
+    (step / "checkpoint").write_bytes(serialization.msgpack_serialize(contents))
+    assert "stored as uint16" in _refused(tmp_path, capsys, tmp_path / "u16")
 
     (tmp_path / "orbax" / "checkpoint_5" / "state").mkdir(parents=True)
     assert "not a checkpoint in a format" in _refused(tmp_path, capsys, tmp_path / "orbax")
@@ -704,3 +755,20 @@ def test_original_formats_read_from_a_bucket(tmp_path):
         for a, b in zip(jax.tree_util.tree_leaves(disk), jax.tree_util.tree_leaves(remote)):
             np.testing.assert_array_equal(a, b)
         assert (tmp_path / f"{name}_bucket" / "tokenizer" / "vocabulary.json").exists()
+
+
+def test_a_t5x_checkpoint_copied_from_a_bucket_reads_from_disk(tmp_path):
+    """Specs written in gs:// (gcs driver, dummy bucket) are read with the file driver from a
+    local copy, as t5x's _maybe_update_ts_from_gcs_to_file does."""
+    import jax
+
+    from t5x_like.families.t5 import hf as t5_hf
+
+    model = _hf_t5("v1_0")
+    cfg = t5_hf.config_from_hf(model.config.to_dict())
+    params = t5_hf.params_from_hf({k: v.numpy() for k, v in model.state_dict().items()}, cfg)
+    _t5x_checkpoint(tmp_path / "copy" / "checkpoint_7", params, written_in_a_bucket=True)
+    assert _convert_original(tmp_path / "copy", tmp_path / "ours") == 0
+    _, restored = _restored(tmp_path / "ours")
+    for a, b in zip(jax.tree_util.tree_leaves(restored), jax.tree_util.tree_leaves(params)):
+        np.testing.assert_array_equal(a, b)

@@ -62,8 +62,9 @@ def with_sentencepiece(
     config: Any, params: Params, directory: str, names: Sequence[str], released_at: str
 ) -> Imported:
     """A T5 import, with the first of `names` found in `directory` kept as its SentencePiece
-    tokenizer (T5's 100 sentinel ids after it). The T5 releases keep their vocabulary apart
-    (`released_at`), so without one nothing is kept and the log says where it is."""
+    tokenizer (with T5's 100 sentinel ids after it, unless the model has them as pieces). The
+    T5 releases keep their vocabulary apart (`released_at`), so without one nothing is kept and
+    the log says where it is."""
     from t5x_like import logs, storage
 
     found = next((n for n in names if storage.exists(os.path.join(directory, n))), None)
@@ -73,11 +74,21 @@ def with_sentencepiece(
             f"checkpoint. Its vocabulary was released as {released_at}."
         )
         return Imported(config, params, tokenizer_files={}, vocabulary=None)
+    import sentencepiece
+
+    path = os.path.join(directory, found)
+    model = sentencepiece.SentencePieceProcessor(model_proto=storage.read_bytes(path))
+    # t5x's cc_all.32000.100extra model holds the sentinels itself; the original one does not.
+    has_sentinels = model.piece_to_id("<extra_id_0>") != model.unk_id()
     return Imported(
         config,
         params,
-        tokenizer_files={found: os.path.join(directory, found)},
-        vocabulary={"type": "sentencepiece", "file": found, "extra_ids": 100},
+        tokenizer_files={found: path},
+        vocabulary={
+            "type": "sentencepiece",
+            "file": found,
+            "extra_ids": 0 if has_sentinels else 100,
+        },
     )
 
 

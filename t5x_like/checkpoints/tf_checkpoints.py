@@ -53,6 +53,10 @@ def checkpoint_prefix(path: str, preferred: tuple[str, ...] = ()) -> str:
     )
 
 
+def _is_float(value: np.ndarray) -> bool:
+    return np.issubdtype(value.dtype, np.floating) or value.dtype.name == "bfloat16"
+
+
 def variable_names(prefix: str) -> set[str]:
     """The names of the checkpoint's variables (its index only is read)."""
     reader = storage.tensorflow().compat.v1.train.NewCheckpointReader(prefix)
@@ -61,8 +65,8 @@ def variable_names(prefix: str) -> set[str]:
 
 def read_variables(prefix: str, skip: Callable[[str], bool]) -> dict[str, Tensor]:
     """Every variable of the checkpoint at `prefix` except those `skip` names, as numpy arrays
-    in their stored dtype. An unreadable or truncated checkpoint is a CheckpointError naming
-    it, raised before anything is written."""
+    (floating ones, bfloat16 included, as float32). An unreadable or truncated checkpoint is a
+    CheckpointError naming it, raised before anything is written."""
     tf = storage.tensorflow()
     try:
         # The reader of the prefix itself: `tf.train.load_checkpoint` first asks whether the
@@ -80,7 +84,9 @@ def read_variables(prefix: str, skip: Callable[[str], bool]) -> dict[str, Tensor
     with logs.progress(desc="convert read", total=total, unit=" values", unit_scale=True) as bar:
         for name in names:
             try:
-                variables[name] = np.asarray(reader.get_tensor(name))
+                value = np.asarray(reader.get_tensor(name))
+                # Mesh-TF keeps bfloat16 masters; every other path holds float32 parameters.
+                variables[name] = value.astype(np.float32) if _is_float(value) else value
             except Exception as e:  # noqa: BLE001 - a data shard shorter than its index says
                 raise CheckpointError(
                     f"{prefix}: variable {name} cannot be read ({str(e).splitlines()[0][:200]}); "

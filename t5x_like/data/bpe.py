@@ -52,7 +52,9 @@ def _tokenizer(kind: str, vocab_path: str, merges_path: str) -> Any:
 def _merges(path: str) -> list[tuple[str, str]]:
     """The merge rules, one "left right" pair a line after an optional `#version` line."""
     merges = []
-    for number, line in enumerate(storage.read_text(path).splitlines(), 1):
+    # "\n" only, as transformers reads the file: a merge may hold U+0085 or U+2028.
+    for number, line in enumerate(storage.read_text(path).split("\n"), 1):
+        line = line.rstrip("\r")
         if not line or line.startswith("#version"):
             continue
         pair = line.split(" ")

@@ -90,7 +90,7 @@ def _arrays(directory: str, shapes: list[tuple[int, ...]]) -> list[Tensor]:
     for path in paths:
         try:
             shards.append(np.load(io.BytesIO(storage.read_bytes(path)), allow_pickle=False))
-        except ValueError as e:  # not an .npy, or a truncated one
+        except (ValueError, EOFError) as e:  # not an .npy, or a truncated (or empty) one
             raise CheckpointError(
                 f"{path} is not a readable .npy file ({e}); it may be truncated: fetch it again."
             ) from None

@@ -93,6 +93,10 @@ def _absolute_spec(spec: dict, directory: str) -> dict:
     if bucket:
         spec["kvstore"].update(driver="gcs", bucket=bucket.group(1))
         directory = bucket.group(2)
+    elif spec["kvstore"].get("driver") in ("gcs", "gfile"):
+        # Written in a bucket, read from a local copy: t5x's _maybe_update_ts_from_gcs_to_file.
+        path = spec["kvstore"].get("path", spec.pop("path", None))
+        spec["kvstore"] = {"driver": "file", **({"path": path} if path is not None else {})}
     if "path" in spec["kvstore"]:
         spec["kvstore"]["path"] = os.path.join(directory, spec["kvstore"]["path"])
     elif "path" in spec:  # TensorStore < 0.1.14 wrote the path beside the kvstore
@@ -105,8 +109,15 @@ def _absolute_spec(spec: dict, directory: str) -> dict:
 def _read_array(spec: dict, directory: str, name: str) -> Tensor:
     import tensorstore as ts
 
+    absolute = _absolute_spec(spec, directory)
+    if absolute.get("dtype") == "uint16" or absolute["metadata"].get("dtype") == "<u2":
+        raise CheckpointError(
+            f"{directory}: parameter {name} is stored as uint16, the bfloat16 bit patterns of "
+            "t5x's checkpoint version 2; t5x itself refuses to read those (re-save it with a "
+            "current t5x, which writes bfloat16)."
+        )
     try:
-        store = ts.open(_absolute_spec(spec, directory), open=True).result()
+        store = ts.open(absolute, open=True).result()
         return np.asarray(store.read().result())
     except Exception as e:  # noqa: BLE001 - ValueError / ts errors: missing or damaged chunks
         raise CheckpointError(
@@ -151,6 +162,12 @@ def read_target(directory: str) -> dict[str, Tensor]:
             arrays[name] = (
                 _read_array(value, directory, name) if _is_spec(value) else np.asarray(value)
             )
+            kind = arrays[name].dtype
+            if not (np.issubdtype(kind, np.floating) or kind.name == "bfloat16"):
+                raise CheckpointError(
+                    f"{path}: parameter target/{name} is {kind.name}, not a float; it is not "
+                    "a T5 weight (a bfloat16 one saved as integers cannot be read as numbers)."
+                )
             bar.update(1)
     return arrays
 
