@@ -65,16 +65,14 @@ def from_heads(heads: tuple[int, int]) -> TransformPair:
 
 
 # ------------------------------------------------------------------------------ reading
-def _read_json(path: str, what: str) -> dict[str, Any]:
-    """A JSON object from `path`; unreadable, not JSON or not an object is a CheckpointError
-    naming the file (and the line and column of a syntax error)."""
+def read_json(path: str, what: str, expect: type = dict) -> Any:
+    """A JSON value of type `expect` from `path` (local or in a bucket); unreadable, not JSON
+    or of another type is a CheckpointError naming the file (and the line and column of a
+    syntax error), followed by `what` to do."""
+    from t5x_like import storage
+
     try:
-        with open(path, "rb") as f:
-            value = json.loads(f.read().decode("utf-8"))
-    except CheckpointError:
-        raise
-    except OSError as e:
-        raise CheckpointError(f"{path} cannot be read ({e.strerror or e}); {what}") from None
+        value = json.loads(storage.read_bytes(path).decode("utf-8"))
     except UnicodeDecodeError as e:
         raise CheckpointError(
             f"{path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); {what}"
@@ -83,8 +81,12 @@ def _read_json(path: str, what: str) -> dict[str, Any]:
         raise CheckpointError(
             f"{path}:{e.lineno}: not valid JSON ({e.msg} at column {e.colno}); {what}"
         ) from None
-    if not isinstance(value, dict):
-        raise CheckpointError(f"{path} holds a JSON {type(value).__name__}, not an object; {what}")
+    except storage.ERRORS as e:
+        reason = getattr(e, "strerror", None) or getattr(e, "message", None) or e
+        raise CheckpointError(f"{path} cannot be read ({reason}); {what}") from None
+    if not isinstance(value, expect):
+        kind = "an object" if expect is dict else f"a {expect.__name__}"
+        raise CheckpointError(f"{path} holds a JSON {type(value).__name__}, not {kind}; {what}")
     return value
 
 
@@ -97,7 +99,7 @@ def shard_files(checkpoint_dir: str, index_name: str) -> list[str]:
         "re-download or re-save the checkpoint (transformers' save_pretrained writes it "
         "with its shards)."
     )
-    weight_map = _read_json(index_path, redo).get("weight_map")
+    weight_map = read_json(index_path, redo).get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointError(
             f"{index_path} has no 'weight_map' of tensor names to shard files; {redo}"
@@ -264,7 +266,7 @@ def read_config(checkpoint_dir: str) -> dict[str, Any]:
             f"No config.json in {checkpoint_dir}; a HuggingFace checkpoint "
             "directory holds config.json and model.safetensors."
         )
-    return _read_json(
+    return read_json(
         path,
         "it should be the config.json transformers' save_pretrained writes: fetch or re-save it.",
     )
@@ -275,7 +277,7 @@ def tokenizer_config(checkpoint_dir: str) -> dict[str, Any]:
     path = os.path.join(checkpoint_dir, "tokenizer_config.json")
     if not os.path.exists(path):
         return {}
-    return _read_json(path, "re-save the tokenizer with transformers' save_pretrained.")
+    return read_json(path, "re-save the tokenizer with transformers' save_pretrained.")
 
 
 def present(checkpoint_dir: str, *names: str) -> dict[str, str] | None:

@@ -16,14 +16,13 @@ this codebase's BERT computes (the two differ by < 1e-3 on a unit input).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 
 import numpy as np
 
 from t5x_like import storage
-from t5x_like.checkpoints import original_formats, tf_checkpoints
+from t5x_like.checkpoints import hf_files, original_formats, tf_checkpoints
 from t5x_like.errors import CheckpointError
 from t5x_like.families.bert import hf
 
@@ -133,13 +132,7 @@ def _read_config(directory: str) -> dict:
             f"No {CONFIG} in {directory}; Google's BERT release has it beside "
             f"{CHECKPOINT}.* and {VOCAB}."
         )
-    try:
-        config = json.loads(storage.read_text(path))
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}:{e.lineno}: not valid JSON ({e.msg}).") from None
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{path} holds no JSON object; fetch the release again.")
-    return config
+    return hf_files.read_json(path, "fetch the release again.")
 
 
 def _vocab(directory: str, vocab_size: int) -> tuple[str, bool]:

@@ -18,13 +18,13 @@ approximation.
 from __future__ import annotations
 
 import io
-import json
 import os
+from typing import Any
 
 import numpy as np
 
 from t5x_like import storage
-from t5x_like.checkpoints import original_formats
+from t5x_like.checkpoints import hf_files, original_formats
 from t5x_like.errors import CheckpointError
 from t5x_like.families.gpt import hf
 
@@ -52,18 +52,15 @@ BLOCK = (
 )
 
 
-def _read_json(path: str, what: str):
+def _read_json(path: str, what: str, expect: type) -> Any:
     if not storage.exists(path):
         raise CheckpointError(f"No {os.path.basename(path)} in {os.path.dirname(path)}; {what}")
-    try:
-        return json.loads(storage.read_text(path))
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); {what}") from None
+    return hf_files.read_json(path, what, expect)
 
 
 def _shapes(directory: str) -> list[tuple[int, ...]]:
     fetch = "OpenAI's release has it in finetune-transformer-lm's model/: fetch it again."
-    shapes = _read_json(os.path.join(directory, SHAPES), fetch)
+    shapes = _read_json(os.path.join(directory, SHAPES), fetch, list)
     if not (
         isinstance(shapes, list)
         and all(isinstance(s, list) and all(isinstance(d, int) for d in s) for s in shapes)
@@ -157,7 +154,7 @@ def _names(config: dict) -> list[str]:
 def _tokenizer(directory: str, vocab_size: int) -> dict[str, str]:
     """The BPE files, checked to be the model's: as many tokens as embedding rows."""
     fetch = "GPT-1's tokenizer travels with its weights (finetune-transformer-lm's model/)."
-    encoder = _read_json(os.path.join(directory, ENCODER), fetch)
+    encoder = _read_json(os.path.join(directory, ENCODER), fetch, dict)
     if not isinstance(encoder, dict) or len(encoder) != vocab_size:
         size = len(encoder) if isinstance(encoder, dict) else "no"
         raise CheckpointError(
