@@ -5,8 +5,14 @@ every model family with a cached decoder shares them. Everything is a `jax.lax.w
 over fixed shapes, so a whole batch decodes inside one jitted call.
 
 * greedy: the T5 paper's test-time decoding.
-* beam search: width K and the length penalty ((5 + length) / 6) ** alpha of Wu et al. (2016),
-  which the paper uses for its largest models (K = 4, alpha = 0.6).
+* beam search: width K under one of two rules (`BEAM_RULES`). 't5x' (default) is t5x's: the
+  length penalty ((5 + length) / 6) ** alpha of Wu et al. (2016), which the T5 paper uses for
+  its largest models (K = 4, alpha = 0.6), an exact stop, and live beams returned only when
+  too few ended. 'hf' is HuggingFace `generate`'s: the score is the summed log-probability /
+  length ** alpha (its `length_penalty`, 1.0 by default there), every beam still running at the
+  length limit counts as finished, and the search stops by its `early_stopping` rule (False: a
+  heuristic; True: once K hypotheses ended; 'never': an exact bound), so an imported model's
+  beams equal HF's.
 * sampling: temperature, top-k and top-p (nucleus) filtering, in that order.
 """
 
@@ -26,6 +32,8 @@ Cache = Any
 TokensToLogits = Callable[[Array, Cache], tuple[Array, Cache]]
 NEG_INF = -1.0e7
 METHODS = ("greedy", "beam", "sample")
+BEAM_RULES = ("t5x", "hf")
+EARLY_STOPPING = (False, True, "never")
 
 
 @gin.configurable
@@ -36,6 +44,8 @@ class DecodeConfig:
     method: str = "greedy"
     beam_size: int = 4
     alpha: float = 0.6
+    beam_rule: str = "t5x"
+    early_stopping: bool | str = False
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
@@ -44,12 +54,27 @@ class DecodeConfig:
     def __post_init__(self):
         if self.method not in METHODS:
             raise ValueError(f"DecodeConfig.method={self.method!r}; choose one of {METHODS}.")
+        if self.beam_rule not in BEAM_RULES:
+            raise ValueError(
+                f"DecodeConfig.beam_rule={self.beam_rule!r}; choose one of {BEAM_RULES} "
+                "('hf' reproduces HuggingFace generate's beam search, with alpha as its "
+                "length_penalty)."
+            )
+        if self.early_stopping not in EARLY_STOPPING:
+            raise ValueError(
+                f"DecodeConfig.early_stopping={self.early_stopping!r}; choose one of "
+                f"{EARLY_STOPPING} (HuggingFace's values; used by beam_rule='hf')."
+            )
         if self.beam_size < 1 or self.top_k < 0 or not 0.0 < self.top_p <= 1.0:
             raise ValueError(
                 f"Invalid decoding settings {self}: beam_size >= 1, top_k >= 0, 0 < top_p <= 1."
             )
         if self.method == "sample" and self.temperature < 0:
             raise ValueError("DecodeConfig.temperature must be >= 0 (0 = greedy).")
+
+    def beam_options(self) -> dict[str, Any]:
+        """`beam_search`'s scoring keywords from this config."""
+        return dict(alpha=self.alpha, rule=self.beam_rule, early_stopping=self.early_stopping)
 
 
 # ----------------------------------------------------------------------- one token per step
@@ -168,9 +193,12 @@ def sample_decode(
 
 
 # ----------------------------------------------------------------------- beam search
-def length_penalty(length: Array | int, alpha: float) -> Array:
-    """Wu et al. (2016): ((5 + length) / 6) ** alpha; alpha 0 ranks by log-probability."""
-    return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+def length_penalty(length: Array | int, alpha: float, rule: str = "t5x") -> Array:
+    """What a beam's summed log-probability is divided by: Wu et al. (2016)'s
+    ((5 + length) / 6) ** alpha under 't5x', HuggingFace's length ** alpha under 'hf'; alpha 0
+    ranks by log-probability under both. `length` counts generated tokens, EOS included."""
+    length = jnp.asarray(length, jnp.float32)
+    return (length if rule == "hf" else (5.0 + length) / 6.0) ** alpha
 
 
 def repeat_for_beams(tree: Any, beam_size: int) -> Any:
@@ -209,18 +237,36 @@ def beam_search(
     alpha: float = 0.6,
     start_token_id: int = 0,
     eos_id: int | None = 1,
+    rule: str = "t5x",
+    early_stopping: bool | str = False,
 ) -> tuple[Array, Array]:
     """Beam search over a cache laid out as (batch * beam_size, ...) (`repeat_for_beams`).
 
     Each step extends every live beam by every token and keeps the 2K best extensions: those
-    ending in EOS that rank within the top K become finished hypotheses (scored
-    log-probability / length_penalty), the K best others stay live. The search stops when no
-    live beam can still beat the worst kept finished hypothesis, or at max_decode_length.
+    that end (in EOS, and under 'hf' also at the length limit) and rank within the top K become
+    finished hypotheses, scored log-probability / `length_penalty(length, alpha, rule)`; the K
+    best others stay live. When the search stops:
+      't5x': when no live beam can still beat the worst kept finished hypothesis (its score
+        bounded with the penalty at max_decode_length), or at max_decode_length;
+      'hf': as HuggingFace's `generate(num_beams=K, length_penalty=alpha, early_stopping=...)`:
+        per row, once all K slots hold finished hypotheses and the best live beam's score at
+        its current length ('never' with alpha > 0: at max_decode_length) is no better than
+        the worst of them, the row takes no more (it does not reopen); True also stops a row
+        as soon as K have ended. The whole search stops when no row is open, or (True) every
+        row is full, or at max_decode_length.
 
     Returns (sequences, scores): (batch, beam_size, max_decode_length) with 0 after EOS:
-    finished hypotheses best first, then (if fewer than K finished) the best live ones.
+    finished hypotheses best first, then (if fewer than K finished, 't5x' only) the best live
+    ones, scored with the penalty at max_decode_length.
     """
+    if rule not in BEAM_RULES:
+        raise ValueError(f"beam_search rule={rule!r}; choose one of {BEAM_RULES}.")
     k = beam_size
+    stop_when_full = rule == "hf" and early_stopping is True
+    if rule == "hf" and early_stopping == "never" and alpha > 0:
+        best_length = lambda step: max_decode_length  # noqa: E731
+    else:
+        best_length = lambda step: step  # noqa: E731
 
     def step_log_probs(seqs, step, cache):
         tokens = jax.lax.dynamic_slice_in_dim(seqs, step, 1, axis=2).reshape(batch_size * k, 1)
@@ -228,15 +274,26 @@ def beam_search(
         log_probs = jax.nn.log_softmax(logits[:, -1].astype(jnp.float32), axis=-1)
         return log_probs.reshape(batch_size, k, -1), cache
 
+    def full(fin_flags):
+        return jnp.all(fin_flags, axis=1)
+
+    def still_open(open_rows, step, alive_lp, fin_scores, fin_flags):
+        """HF's rule, after `step` generated tokens: can a live beam still improve the row?"""
+        best_possible = alive_lp[:, 0] / length_penalty(best_length(step), alpha, rule)
+        return open_rows & (~full(fin_flags) | (best_possible > jnp.min(fin_scores, axis=1)))
+
     def cond(state):
-        step, _, alive_lp, _, fin_scores, fin_flags, _ = state
-        best_possible = alive_lp[:, 0] / length_penalty(max_decode_length, alpha)
-        worst_finished = jnp.min(jnp.where(fin_flags, fin_scores, jnp.inf), axis=1)
-        done = jnp.all(fin_flags, axis=1) & (best_possible < worst_finished)
-        return (step < max_decode_length) & ~jnp.all(done)
+        step, _, alive_lp, _, fin_scores, fin_flags, open_rows, _ = state
+        if rule == "hf":
+            going = jnp.any(open_rows) & ~(stop_when_full & jnp.all(fin_flags))
+        else:
+            best_possible = alive_lp[:, 0] / length_penalty(max_decode_length, alpha)
+            worst_finished = jnp.min(jnp.where(fin_flags, fin_scores, jnp.inf), axis=1)
+            going = ~jnp.all(full(fin_flags) & (best_possible < worst_finished))
+        return (step < max_decode_length) & going
 
     def body(state):
-        step, alive_seqs, alive_lp, fin_seqs, fin_scores, fin_flags, cache = state
+        step, alive_seqs, alive_lp, fin_seqs, fin_scores, fin_flags, open_rows, cache = state
         log_probs, cache = step_log_probs(alive_seqs, step, cache)
         vocab = log_probs.shape[-1]
         candidates = (alive_lp[:, :, None] + log_probs).reshape(batch_size, k * vocab)
@@ -246,22 +303,28 @@ def beam_search(
         top_seqs = jax.lax.dynamic_update_slice_in_dim(
             top_seqs, token[:, :, None], step + 1, axis=2
         )
-        is_eos = jnp.zeros(token.shape, bool) if eos_id is None else token == eos_id
+        ends = jnp.zeros(token.shape, bool) if eos_id is None else token == eos_id
+        if rule == "hf":
+            ends = ends | (step + 1 >= max_decode_length)
         # Live: the K best extensions that did not end.
-        live_lp = jnp.where(is_eos, NEG_INF, top_lp)
+        live_lp = jnp.where(ends, NEG_INF, top_lp)
         live_lp, keep = jax.lax.top_k(live_lp, k)
         alive_seqs = jnp.take_along_axis(top_seqs, keep[:, :, None], axis=1)
         cache = _gather_cache(cache, jnp.take_along_axis(beam_idx, keep, axis=1), batch_size, k)
-        # Finished: EOS extensions ranked within the top K, merged with the kept ones.
-        ends = is_eos & (jnp.arange(2 * k) < k)[None, :]
-        new_scores = jnp.where(ends, top_lp / length_penalty(step + 1, alpha), NEG_INF)
+        # Finished: ended extensions ranked within the top K, merged with the kept ones (under
+        # 'hf' only while the row is open and, with early_stopping=True, not yet full).
+        takes = open_rows & ~(stop_when_full & full(fin_flags))
+        ends = ends & (jnp.arange(2 * k) < k)[None, :] & takes[:, None]
+        new_scores = jnp.where(ends, top_lp / length_penalty(step + 1, alpha, rule), NEG_INF)
         all_seqs = jnp.concatenate([fin_seqs, top_seqs], axis=1)
         all_scores = jnp.concatenate([fin_scores, new_scores], axis=1)
         all_flags = jnp.concatenate([fin_flags, ends], axis=1)
         fin_scores, pick = jax.lax.top_k(jnp.where(all_flags, all_scores, NEG_INF - 1.0), k)
         fin_seqs = jnp.take_along_axis(all_seqs, pick[:, :, None], axis=1)
         fin_flags = jnp.take_along_axis(all_flags, pick, axis=1)
-        return step + 1, alive_seqs, live_lp, fin_seqs, fin_scores, fin_flags, cache
+        if rule == "hf":
+            open_rows = still_open(open_rows, step + 1, live_lp, fin_scores, fin_flags)
+        return step + 1, alive_seqs, live_lp, fin_seqs, fin_scores, fin_flags, open_rows, cache
 
     seqs0 = (
         jnp.zeros((batch_size, k, max_decode_length + 1), jnp.int32).at[:, :, 0].set(start_token_id)
@@ -274,13 +337,14 @@ def beam_search(
         seqs0,
         jnp.full((batch_size, k), NEG_INF, jnp.float32),
         jnp.zeros((batch_size, k), bool),
+        jnp.ones((batch_size,), bool),
         cache,
     )
-    _, alive_seqs, alive_lp, fin_seqs, fin_scores, fin_flags, _ = jax.lax.while_loop(
+    _, alive_seqs, alive_lp, fin_seqs, fin_scores, fin_flags, _, _ = jax.lax.while_loop(
         cond, body, init
     )
     # Finished hypotheses first (best first), then live ones to fill the K slots.
-    alive_scores = alive_lp / length_penalty(max_decode_length, alpha)
+    alive_scores = alive_lp / length_penalty(max_decode_length, alpha, rule)
     rank = jnp.concatenate(
         [
             jnp.where(fin_flags, fin_scores, 4 * NEG_INF),

@@ -210,3 +210,18 @@ def test_bad_decode_settings_are_named():
         decoding.DecodeConfig("nucleus")
     with pytest.raises(ValueError, match="top_p"):
         decoding.DecodeConfig("sample", top_p=0.0)
+
+
+def test_hf_length_penalty_is_length_to_the_alpha():
+    """transformers' beam scorer divides by generated_length ** length_penalty."""
+    assert float(decoding.length_penalty(3, 2.0, "hf")) == pytest.approx(9.0)
+    assert float(decoding.length_penalty(4, -1.0, "hf")) == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize(
+    "binding, named",
+    [(dict(beam_rule="huggingface"), "('t5x', 'hf')"), (dict(early_stopping="always"), "never")],
+)
+def test_unknown_beam_settings_are_refused_with_the_choices(binding, named):
+    with pytest.raises(ValueError, match=named.replace("(", r"\(").replace(")", r"\)")):
+        decoding.DecodeConfig(method="beam", **binding)

@@ -5,7 +5,7 @@ time. Ours runs the imported parameters with the model's own conventions (GPT-2:
 token, `<|endoftext|>`-style EOS from its config; OpenAI GPT: neither) on a batch of prompts of
 different lengths that contain id 0 (GPT-2's '!'), padded and given with explicit lengths:
 greedy tokens must be the same, token for token, up to and including EOS. Sampling with a fixed
-key is reproducible.
+key is reproducible. Beam search against HF's: test_hf_beam_search.py.
 """
 
 from __future__ import annotations
@@ -53,7 +53,9 @@ def _hf_greedy(model, prompt: list[int], eos_id: int | None) -> list[int]:
     return out[0, len(prompt) :].tolist()
 
 
-def _ours(family: str, model, eos_id: int | None, decode=None, rng=None):
+def _ours(family: str, model, eos_id: int | None, decode=None, rng=None, all_beams=False):
+    """Our decoding of PROMPTS (padded, with lengths) with the imported parameters: tokens,
+    or with `all_beams` (tokens (batch, beam, len), scores) of every beam."""
     cfg = hf_gpt.config_from_hf(model.config.to_dict())
     params = hf_gpt.params_from_hf({k: v.numpy() for k, v in model.state_dict().items()}, cfg)
     ours = DecoderOnlyModel(cfg, attention="causal", start_token_id=None, eos_id=eos_id)
@@ -62,6 +64,10 @@ def _ours(family: str, model, eos_id: int | None, decode=None, rng=None):
         "prompt_tokens": np.asarray([p + [0] * (width - len(p)) for p in PROMPTS], np.int32),
         "prompt_lengths": np.asarray([len(p) for p in PROMPTS], np.int32),
     }
+    if all_beams:
+        return ours.predict_batch(
+            params, batch, NEW_TOKENS, True, decode, return_all_beams=True, rng=rng
+        )
     return np.asarray(ours.predict_batch(params, batch, NEW_TOKENS, decode=decode, rng=rng))
 
 
@@ -97,12 +103,3 @@ def test_sampling_with_a_fixed_key_is_reproducible():
     other = _ours("gpt2", model, None, sample, jax.random.key(4))
     np.testing.assert_array_equal(first, again)
     assert not np.array_equal(first, other)
-
-
-def test_beam_search_runs_for_a_model_without_eos():
-    """OpenAI GPT has no EOS (eos_id=None): beam search runs to its length (HF's beam scores
-    are not matched yet; this checks the loop, and that its best beam is a real sequence)."""
-    model = _reference("openai-gpt")
-    beam = decoding.DecodeConfig(method="beam", beam_size=3, alpha=0.0)
-    got = _ours("openai-gpt", model, None, beam)
-    assert got.shape == (len(PROMPTS), NEW_TOKENS)

@@ -145,7 +145,13 @@ class DecoderOnlyModel(base.Model):
         ids = dict(start_token_id=self.start_token_id or 0, eos_id=self.eos_id)
         if decode.method == "beam":
             seqs, scores = decoding.beam_search(
-                tokens_to_logits, cache, batch_size, beams, max_decode_length, decode.alpha, **ids
+                tokens_to_logits,
+                cache,
+                batch_size,
+                beams,
+                max_decode_length,
+                **decode.beam_options(),
+                **ids,
             )
             if not return_all_beams:
                 seqs, scores = seqs[:, 0], scores[:, 0]

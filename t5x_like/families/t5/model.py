@@ -235,7 +235,7 @@ class EncoderDecoderModel(base.Model):
             cache = self.init_cache(params, inputs, max_decode_length)
             step = self.decode_step_fn(params, encoded, inputs, max_decode_length)
             beams, beam_scores = decoding.beam_search(
-                step, cache, batch_size, k, max_decode_length, decode.alpha, **ids
+                step, cache, batch_size, k, max_decode_length, **decode.beam_options(), **ids
             )
             tokens, scores = (
                 (beams, beam_scores) if return_all_beams else (beams[:, 0], beam_scores[:, 0])
