@@ -21,6 +21,7 @@ if __name__ == "__main__":  # `python -m t5x_like.eval`: run it under that name
 
     main_of_module("t5x_like.eval")
 
+import copy
 import json
 import os
 from typing import Any, Callable, Mapping, Sequence
@@ -39,7 +40,7 @@ from t5x_like import (
     partitioning,
     storage,
 )
-from t5x_like.checkpoints import params_io
+from t5x_like.checkpoints import params_io, tokenizer_files
 from t5x_like.errors import ConfigError
 from t5x_like.models import base
 from t5x_like.models.base import Model, unbox
@@ -54,6 +55,22 @@ def require_checkpoint(checkpoint: str | None) -> None:
         )
 
 
+def with_checkpoint_conventions(model: Model, checkpoint: str) -> Model:
+    """A decoder-only model for a checkpoint imported with GPT BPE decodes with that model's
+    own start token, EOS and attention (`tokenizer_files.model_conventions`): a copy of
+    `model` with them set (others are returned as they are)."""
+    if not model.PROMPT_SHARES_SEQUENCE:
+        return model
+    conventions = tokenizer_files.model_conventions(storage.resolve(checkpoint))
+    if conventions is None:
+        return model
+    model = copy.copy(model)
+    for name, value in conventions.items():
+        setattr(model, name, value)
+    logs.log(f"decoding with the imported model's own conventions: {conventions}")
+    return model
+
+
 def restore_model(
     checkpoint: str | None, model_class: Callable[[], Model] | None = None
 ) -> tuple[Model, Any]:
@@ -61,7 +78,7 @@ def restore_model(
     the configured mesh and rules (checked against the checkpoint's config first). Without a
     `model_class`, T5's (`base.DEFAULT_MODEL_CLASS`)."""
     require_checkpoint(checkpoint)
-    model = (model_class or base.default_model_class())()
+    model = with_checkpoint_conventions((model_class or base.default_model_class())(), checkpoint)
     mesh = partitioning.make_mesh()
     rules = partitioning.logical_axis_rules(num_partitions=partitioning.model_axis_size(mesh))
     boxed = model.abstract_params()
@@ -122,6 +139,7 @@ def evaluate(
             batch_size,
             max_examples,
             show_progress=True,
+            eos_id=model.eos_id,
         )
         results[name] = metrics
         if jax.process_index() == 0:

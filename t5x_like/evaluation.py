@@ -41,32 +41,47 @@ class Prediction:
 def make_predict_fn(
     model: Model, max_decode_length: int, decode: decoding.DecodeConfig | None = None
 ) -> PredictFn:
-    """A jitted (params, {'inputs': padded input ids}) -> (tokens, scores) for any generating
-    model: the ids go in as the model's `PROMPT_FEATURE` (a decoder-only model's prompt) or
-    as T5's `encoder_input_tokens`."""
+    """A jitted (params, {'inputs': padded input ids, 'lengths': their lengths}) -> (tokens,
+    scores) for any generating model: the ids go in as the model's `PROMPT_FEATURE` (a
+    decoder-only model's prompt, with its lengths: in GPT-2's vocabulary the padding id 0 is
+    also '!') or as T5's `encoder_input_tokens`."""
     feature = model.PROMPT_FEATURE
+
+    def features(batch):
+        if model.PROMPT_SHARES_SEQUENCE:
+            return {feature: batch["inputs"], "prompt_lengths": batch["lengths"]}
+        return {feature: batch["inputs"]}
+
     return jax.jit(
         lambda params, batch: model.predict_batch(
-            params, {feature: batch["inputs"]}, max_decode_length, return_scores=True, decode=decode
+            params, features(batch), max_decode_length, return_scores=True, decode=decode
         )
     )
 
 
-def _until_eos(tokens: Sequence[int], eos_id: int = 1) -> list[int]:
-    out = []
+def _until_eos(
+    tokens: Sequence[int], eos_id: int | None = 1, zero_is_a_token: bool = False
+) -> list[int]:
+    """The ids before the first EOS. In this codebase's vocabularies id 0 is padding: leading
+    zeros are skipped and a later one ends the sequence; where it is a token
+    (`zero_is_a_token`, GPT-2's '!') it is kept."""
+    out: list[int] = []
     for t in tokens:
-        if t == eos_id or t == 0 and out:
+        if eos_id is not None and t == eos_id:
             break
-        if t:
-            out.append(int(t))
+        if not zero_is_a_token and t == 0:
+            if out:
+                break
+            continue
+        out.append(int(t))
     return out
 
 
 def _batches(
     examples: Iterable[dict[str, Any]], batch_size: int, inputs_length: int
-) -> Iterator[tuple[list[dict[str, Any]], np.ndarray]]:
-    """(examples, padded input ids) of up to `batch_size`; a short last batch is filled with
-    copies of its last row so every call has the same shape."""
+) -> Iterator[tuple[list[dict[str, Any]], dict[str, np.ndarray]]]:
+    """(examples, {'inputs': padded input ids, 'lengths'}) of up to `batch_size`; a short
+    last batch is filled with copies of its last row so every call has the same shape."""
     chunk: list[dict[str, Any]] = []
     for ex in examples:
         chunk.append(ex)
@@ -77,12 +92,14 @@ def _batches(
         yield chunk, _pad(chunk, batch_size, inputs_length)
 
 
-def _pad(chunk: list[dict[str, Any]], batch_size: int, length: int) -> np.ndarray:
+def _pad(chunk: list[dict[str, Any]], batch_size: int, length: int) -> dict[str, np.ndarray]:
     ids = np.zeros((batch_size, length), np.int32)
+    lengths = np.zeros((batch_size,), np.int32)
     for i in range(batch_size):
         row = chunk[min(i, len(chunk) - 1)]["inputs"][:length]
         ids[i, : len(row)] = row
-    return ids
+        lengths[i] = len(row)
+    return {"inputs": ids, "lengths": lengths}
 
 
 def task_examples(
@@ -111,14 +128,17 @@ def predict(
     inputs_length: int,
     progress: str | None = None,
     total: int | None = None,
+    eos_id: int | None = 1,
 ) -> list[Prediction]:
-    """Decode every example; text comes from `inputs_pretokenized` when present. With
-    `progress` (the bar's name), a bar counts the examples decoded, with an ETA when `total`
-    (the number of examples expected) is given."""
+    """Decode every example; text comes from `inputs_pretokenized` when present. Predictions
+    end at `eos_id`, the model's (None: a model without one, e.g. GPT-1). With `progress`
+    (the bar's name), a bar counts the examples decoded, with an ETA when `total` (the
+    number of examples expected) is given."""
+    zero_is_a_token = getattr(vocabulary, "ZERO_IS_A_TOKEN", False)
     out: list[Prediction] = []
     bar = logs.progress(desc=progress, total=total, unit="ex") if progress else None
-    for chunk, ids in _batches(examples, batch_size, inputs_length):
-        tokens, scores = jax.device_get(predict_fn(params, {"inputs": ids}))
+    for chunk, batch in _batches(examples, batch_size, inputs_length):
+        tokens, scores = jax.device_get(predict_fn(params, batch))
         if bar is not None:
             bar.update(len(chunk))
         for i, ex in enumerate(chunk):
@@ -128,8 +148,8 @@ def predict(
                 Prediction(
                     inputs=inputs.decode()
                     if isinstance(inputs, bytes)
-                    else vocabulary.decode(_until_eos(ex["inputs"])),
-                    prediction=vocabulary.decode(_until_eos(tokens[i])),
+                    else vocabulary.decode(_until_eos(ex["inputs"], eos_id, zero_is_a_token)),
+                    prediction=vocabulary.decode(_until_eos(tokens[i], eos_id, zero_is_a_token)),
                     score=float(scores[i]),
                     target=target.decode() if isinstance(target, bytes) else None,
                     example=ex,
@@ -165,9 +185,10 @@ def evaluate_task(
     batch_size: int,
     max_examples: int | None = None,
     show_progress: bool = False,
+    eos_id: int | None = 1,
 ) -> tuple[dict[str, float], list[Prediction]]:
-    """The task's metrics and predictions; `show_progress` draws a bar (off inside training,
-    whose own bar is on screen)."""
+    """The task's metrics and predictions (ending at the model's `eos_id`); `show_progress`
+    draws a bar (off inside training, whose own bar is on screen)."""
     task = input_pipeline.resolve_task(task_or_name)
     vocabulary = task.output_features["targets"].vocabulary
     total = expected_examples(task, split, max_examples) if show_progress else None
@@ -180,6 +201,7 @@ def evaluate_task(
         feature_lengths["inputs"],
         progress=f"eval {task.name}" if show_progress else None,
         total=total,
+        eos_id=eos_id,
     )
     return score(task, predictions), predictions
 

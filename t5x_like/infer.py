@@ -236,6 +236,7 @@ def infer(
         feature_lengths["inputs"],
         progress="infer",
         total=total,
+        eos_id=model.eos_id,
     )
     records = [p.to_json() for p in predictions]
     output_file = output_file or os.path.join(

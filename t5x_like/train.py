@@ -651,7 +651,14 @@ def _evaluate_tasks(
     )
     return {
         name: task_eval.evaluate_task(
-            predict_fn, params, name, "validation", feature_lengths, batch_size, max_examples
+            predict_fn,
+            params,
+            name,
+            "validation",
+            feature_lengths,
+            batch_size,
+            max_examples,
+            eos_id=model.eos_id,
         )[0]
         for name in task_names
     }
@@ -848,7 +855,13 @@ def show_predictions(
     vocab = task_obj.output_features["targets"].vocabulary
     predict_fn = task_eval.make_predict_fn(model, feature_lengths["targets"])
     predictions = task_eval.predict(
-        predict_fn, params, examples, vocab, len(examples), feature_lengths["inputs"]
+        predict_fn,
+        params,
+        examples,
+        vocab,
+        len(examples),
+        feature_lengths["inputs"],
+        eos_id=model.eos_id,
     )
     print("\nPredictions on validation examples (greedy decoding):")
     for i, (example, prediction) in enumerate(zip(examples, predictions)):

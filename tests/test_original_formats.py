@@ -228,6 +228,7 @@ def test_google_bert_vocab_travels_with_the_checkpoint(tmp_path, cased):
     described = tokenizer_files.description(str(tmp_path / "ours"))
     assert described is not None
     assert described["type"] == "wordpiece" and described["lower_case"] is (not cased)
+    assert tokenizer_files.model_conventions(str(tmp_path / "ours")) is None  # not a GPT
     kept = tmp_path / "ours" / "tokenizer" / "vocab.txt"
     assert kept.read_text() == (tmp_path / "release" / "vocab.txt").read_text()
     vocabulary = WordPieceVocabulary(str(kept), lower_case=described["lower_case"])
@@ -379,6 +380,12 @@ def test_openai_gpt1_release_equals_transformers_loader(tmp_path):
     # GPT-1's BPE on the kept files, by hand: the+</w> merges t h, th e</w>; cat: c a, ca t</w>.
     vocabulary = tokenizer_files.vocabulary(str(tmp_path / "ours"))
     assert vocabulary is not None and vocabulary.encode("The cat") == [4, 8]
+    # train.py's model: no start token, no EOS (its generation runs to length), causal.
+    assert tokenizer_files.model_conventions(str(tmp_path / "ours")) == {
+        "start_token_id": None,
+        "eos_id": None,
+        "attention": "causal",
+    }
 
 
 def test_openai_gpt1_refusals(tmp_path, capsys):

@@ -300,3 +300,101 @@ def _sentinels_joined(text: str) -> str:
     import re
 
     return re.sub(r"\s*(<extra_id_\d+>)\s*", r"\1", text)
+
+
+def test_infer_on_an_imported_gpt2_continues_prompts_as_transformers_does(tmp_path):
+    """`infer` with no task on an imported GPT-2 decodes with the model's own conventions (no
+    start token, its `<|endoftext|>` as EOS, causal attention over the prompt, prompts padded
+    by length though id 0 is '!') and writes the text transformers' `generate(do_sample=False)`
+    and GPT2Tokenizer give, with the same log-probability."""
+    import dataclasses
+
+    from tokenizers import ByteLevelBPETokenizer
+
+    from t5x_like import infer
+
+    learner = ByteLevelBPETokenizer()
+    learner.train_from_iterator(_prose(), vocab_size=400)
+    (tmp_path / "hf").mkdir()
+    learner.save_model(str(tmp_path / "hf"))
+    vocab_file, merges_file = tmp_path / "hf" / "vocab.json", tmp_path / "hf" / "merges.txt"
+    entries = json.loads(vocab_file.read_text())
+    entries["<|endoftext|>"] = len(entries)  # last, as GPT-2's 50256; id 0 is the byte '!'
+    vocab_file.write_text(json.dumps(entries))
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=len(entries), n_positions=64, n_embd=32, n_layer=2, n_head=4
+    )
+    model = transformers.GPT2LMHeadModel(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)  # peaked next-token distributions: greedy is well defined
+
+    prompts = ["Wow!! It works!", "The items of any sequence", "!"]
+    # Move <|endoftext|> to the id the first prompt's greedy continuation reaches mid-way (one
+    # no prompt uses), so a continuation ends early at the model's own EOS.
+    tokenizer = transformers.GPT2Tokenizer(str(vocab_file), str(merges_file))
+    prompt_ids = {t for text in prompts for t in tokenizer(text)["input_ids"]}
+    ids = tokenizer(prompts[0], return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        continuation = model.generate(ids, do_sample=False, max_new_tokens=12, pad_token_id=0)
+    eos = next(
+        int(t)
+        for t in continuation[0, ids.shape[1] + 2 :]
+        if int(t) not in prompt_ids | {0, len(entries) - 1}
+    )
+    by_id = {i: token for token, i in entries.items()}
+    by_id[eos], by_id[len(entries) - 1] = "<|endoftext|>", by_id[eos]
+    vocab_file.write_text(json.dumps({token: i for i, token in by_id.items()}))
+    tokenizer = transformers.GPT2Tokenizer(str(vocab_file), str(merges_file))
+    assert tokenizer.convert_ids_to_tokens(0) == "!" and tokenizer.eos_token_id == eos
+    model.config.bos_token_id = model.config.eos_token_id = eos
+    model.save_pretrained(str(tmp_path / "hf"))
+    assert convert.main(["--from_hf", str(tmp_path / "hf"), "--to", str(tmp_path / "ours")]) == 0
+
+    (tmp_path / "prompts.txt").write_text("\n".join(prompts) + "\n")
+    saved = params_io.restore_config(str(tmp_path / "ours"))
+    sizes = [
+        f"--gin.GPTConfig.{f.name}={getattr(saved, f.name)!r}"
+        for f in dataclasses.fields(saved)
+        if f.name in type(saved).ARCHITECTURE_FIELDS
+    ]
+    out = tmp_path / "out.jsonl"
+    argv = [
+        "--gin_file=gin_configs/runs/infer.gin",
+        f"--gin.CHECKPOINT={tmp_path / 'ours'}",
+        f"--gin.infer.input_file={tmp_path / 'prompts.txt'}",
+        f"--gin.infer.output_file={out}",
+        "--gin.infer.model_class=@DecoderOnlyModel",
+        "--gin.infer.add_eos=False",
+        "--gin.infer.task_feature_lengths={'inputs': 16, 'targets': 12}",
+        *sizes,
+    ]
+    assert infer.main(argv) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    ended = 0
+    for record, text in zip(records, prompts, strict=True):
+        ids = tokenizer(text, return_tensors="pt")["input_ids"]
+        assert 0 in ids[0].tolist() or text != "!"
+        with torch.no_grad():
+            generated = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=12,
+                eos_token_id=eos,
+                pad_token_id=eos,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
+        new_ids = generated.sequences[0, ids.shape[1] :].tolist()
+        # The continuation's log-probability (EOS included), as infer's "score" sums it.
+        log_probs = [
+            torch.log_softmax(step[0], -1)[t].item() for step, t in zip(generated.scores, new_ids)
+        ]
+        ended += eos in new_ids
+        new_ids = new_ids[: new_ids.index(eos)] if eos in new_ids else new_ids
+        assert record["inputs"] == text
+        assert record["prediction"] == tokenizer.decode(new_ids)
+        assert record["score"] == pytest.approx(sum(log_probs), abs=1e-4)
+    assert ended  # some continuation stopped at the model's own EOS

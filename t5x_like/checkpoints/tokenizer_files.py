@@ -97,6 +97,23 @@ _HF_LAYOUT: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
 }
 
 
+BPE_TYPES = ("gpt2_bpe", "gpt1_bpe")
+
+
+def model_conventions(path: str) -> dict[str, Any] | None:
+    """A decoder-only model imported with GPT-2's or GPT-1's BPE keeps that release's
+    conventions, not this codebase's (start token 0, EOS 1, prefix-LM prompts): no start
+    token, its tokenizer's EOS (GPT-2's `<|endoftext|>`; GPT-1 has none) and causal attention
+    over the prompt, as both were trained. None for a checkpoint without such a tokenizer
+    (`path`: a converted directory or a run's MODEL_DIR)."""
+    directory = find(path)
+    if directory is None or (description(directory) or {}).get("type") not in BPE_TYPES:
+        return None
+    kept = vocabulary(directory)
+    eos_id = kept.eos_id if kept is not None else None
+    return {"start_token_id": None, "eos_id": eos_id, "attention": "causal"}
+
+
 def find(path: str) -> str | None:
     """The directory holding the tokenizer saved for a checkpoint at `path` (a converted
     directory, or a run's MODEL_DIR whose checkpoints/ holds it), or None."""

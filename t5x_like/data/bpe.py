@@ -68,6 +68,9 @@ class BPEVocabulary(seqio.Vocabulary):
     """A BPE vocabulary file pair: `kind` 'gpt2' (byte-level) or 'gpt1'. `extra_ids` adds
     ids past the file's (as seqio's SentencePiece vocabularies do for sentinels)."""
 
+    # Id 0 is a real token (GPT-2's '!'), so decoded ids are never cut at 0 (`evaluation`).
+    ZERO_IS_A_TOKEN = True
+
     def __init__(self, vocab_path: str, merges_path: str, kind: str, extra_ids: int = 0) -> None:
         if kind not in KINDS:
             raise ValueError(f"BPEVocabulary kind={kind!r}; one of {KINDS}.")

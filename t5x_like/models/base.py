@@ -153,6 +153,9 @@ class Model:
     frozen_modules: tuple[str, ...] = ()
     # A fine-tuning head's output count (1 for a regression head); None for none.
     num_labels: int | None = None
+    # The id that ends a generated sequence (this codebase's vocabularies: 1); None for a
+    # model without one (OpenAI's GPT-1).
+    eos_id: int | None = 1
 
     @property
     def is_regression(self) -> bool:
