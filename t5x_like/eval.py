@@ -110,6 +110,7 @@ def evaluate(
     feature_lengths = dict(task_feature_lengths)
     if tfds_data_dir:
         seqio.set_tfds_data_dir_override(tfds_data_dir)
+    tokenizer_files.offer_to_tasks(checkpoint)
     input_pipeline.check_data_available(input_pipeline.resolve_task(task), split)
     task_names = evaluation.evaluable_tasks(task, split)
     if not task_names:

@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from t5x_like import cli, decoding, evaluation, input_pipeline, logs, storage
+from t5x_like.checkpoints import tokenizer_files
 from t5x_like.errors import ConfigError
 from t5x_like.eval import default_output_dir, require_checkpoint, restore_model
 from t5x_like.models import base
@@ -171,8 +172,6 @@ def check_decode_fits(model, feature_lengths: Mapping[str, int]) -> PromptLimit 
 def _checkpoint_vocabulary(checkpoint: str, input_file: str | None):
     """Without a task, the vocabulary of the tokenizer saved with the checkpoint (`convert`
     keeps the imported model's own), for inputs from a file."""
-    from t5x_like.checkpoints import tokenizer_files
-
     directory = tokenizer_files.find(checkpoint) if input_file else None
     vocabulary = tokenizer_files.vocabulary(directory) if directory else None
     if vocabulary is None:
@@ -203,6 +202,7 @@ def infer(
     require_checkpoint(checkpoint)
     feature_lengths = dict(task_feature_lengths)
     task_obj = None
+    tokenizer_files.offer_to_tasks(checkpoint)
     if task:
         task_obj = input_pipeline.resolve_task(task)
         if not input_file:

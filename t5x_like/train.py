@@ -55,7 +55,7 @@ from t5x_like import (
 
 # `evaluation` is train's group of evaluation settings; the module is `task_eval` here.
 from t5x_like import evaluation as task_eval
-from t5x_like.checkpoints import input_state, params_io, train_state
+from t5x_like.checkpoints import input_state, params_io, tokenizer_files, train_state
 from t5x_like.checkpoints.best import BestCheckpoints
 from t5x_like.models import base
 from t5x_like.models.base import Model
@@ -180,6 +180,7 @@ def train(
         # --- task: resolved once, then everything that could refuse it, before any state
         if data.tfds_data_dir:
             seqio.set_tfds_data_dir_override(data.tfds_data_dir)
+        tokenizer_files.offer_to_tasks(checkpointing.init_checkpoint)
         task_obj = input_pipeline.resolve_task(data.task)
         input_pipeline.check_data_available(task_obj, "train")
         schedule = schedule.resolved(
@@ -232,6 +233,8 @@ def train(
                 checkpointing.init_checkpoint,
             )
             input_pipeline.check_checkpoint_vocabulary(task_obj, checkpointing.init_checkpoint)
+            if jax.process_index() == 0:
+                tokenizer_files.carry_into_run(checkpointing.init_checkpoint, model_dir)
         eval_tasks = task_eval.evaluable_tasks(task_obj) if evaluation.metrics_every else []
         _write_start_up_report(
             model_dir, mesh, rules, layout, abstract, model, phase_plan[0][1], data.batch_size

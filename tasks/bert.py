@@ -24,9 +24,10 @@ Fine-tuning (task feature lengths {"inputs": 128} or as the recipe says):
                                        their original order (1) or shuffled (0)?
 
 The vocabulary is one `vocab.txt` for all of them: `bert_vocab_path.path` in gin (or the
-BERT_VOCAB environment variable): the checkpoint's own vocab.txt when fine-tuning an imported
-model, with `bert_vocab_lower_case.lower_case = False` for a cased one. Unset, it is a
-WordPiece vocabulary learnt once from the offline corpus. Each fine-tuning task records how many
+BERT_VOCAB environment variable), with `bert_vocab_lower_case.lower_case = False` for a cased
+one. Unset, it is the vocab.txt (and casing) `convert` kept with the checkpoint being
+fine-tuned or evaluated, and without one a WordPiece vocabulary learnt once from the offline
+corpus. Each fine-tuning task records how many
 outputs its head needs in `t5x_like.data.task_heads`; training checks the model against it.
 """
 
@@ -41,6 +42,7 @@ import seqio
 import tensorflow as tf
 
 from t5x_like import metrics, offline_corpus
+from t5x_like.checkpoints import tokenizer_files
 from t5x_like.data import task_heads, text_files
 from t5x_like.data.wordpiece import WordPieceVocabulary
 from t5x_like.errors import ConfigError
@@ -49,16 +51,35 @@ from t5x_like.families.bert import preprocessors as bp
 from . import c4, offline
 
 
+def _kept_vocab_file() -> str | None:
+    """The vocab.txt kept with the checkpoint being fine-tuned or evaluated, if any."""
+    kept = tokenizer_files.offered("wordpiece")
+    return os.path.join(kept["directory"], kept["file"]) if kept else None
+
+
 @gin.configurable
 def bert_vocab_path(path: str | None = None) -> str:
-    """The WordPiece vocab.txt of every BERT task (read when a dataset is first built)."""
-    return path or os.environ.get("BERT_VOCAB") or offline_corpus.ensure_wordpiece_vocabulary()
+    """The WordPiece vocab.txt of every BERT task (read when a dataset is first built): the
+    bound path, else BERT_VOCAB, else the one kept with the checkpoint (`tokenizer_files.
+    offer_to_tasks`), else one learnt from the offline corpus."""
+    return (
+        path
+        or os.environ.get("BERT_VOCAB")
+        or _kept_vocab_file()
+        or offline_corpus.ensure_wordpiece_vocabulary()
+    )
 
 
 @gin.configurable
-def bert_vocab_lower_case(lower_case: bool = True) -> bool:
-    """False for a cased checkpoint (e.g. BERT-Base-Cased, the paper's choice for NER)."""
-    return lower_case
+def bert_vocab_lower_case(lower_case: bool | None = None) -> bool:
+    """False for a cased checkpoint (e.g. BERT-Base-Cased, the paper's choice for NER).
+    Unbound: the kept tokenizer's casing when its vocab.txt is the one read, else True."""
+    if lower_case is not None:
+        return lower_case
+    kept = tokenizer_files.offered("wordpiece")
+    if kept is not None and bert_vocab_path() == _kept_vocab_file():
+        return bool(kept["lower_case"])
+    return True
 
 
 BERT_VOCABULARY = WordPieceVocabulary(bert_vocab_path, bert_vocab_lower_case)

@@ -59,6 +59,16 @@ def _clean_gin():
     gin.clear_config()
 
 
+@pytest.fixture(autouse=True)
+def _no_offered_tokenizer():
+    """The tokenizer a run offers its tasks (`tokenizer_files.offer_to_tasks`) is
+    process-global too: one test's checkpoint must not give the next test's tasks its vocab."""
+    from t5x_like.checkpoints import tokenizer_files
+
+    yield
+    tokenizer_files.offer_to_tasks(None)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def offline_cache(tmp_path_factory):
     """A per-session cache for the offline corpus and its vocabularies (built on first use),

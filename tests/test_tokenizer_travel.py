@@ -13,6 +13,7 @@ sides.
 from __future__ import annotations
 
 import json
+import os
 
 import jax.numpy as jnp
 import numpy as np
@@ -122,6 +123,32 @@ def test_bert_vocab_travels_with_its_casing(tmp_path):
     for text in ("The quick foxes.", "the brown fox."):
         assert vocabulary.encode(text) == _hf_ids(tokenizer, text)
         assert _hf_ids(exported_tokenizer, text) == _hf_ids(tokenizer, text)
+
+
+def test_bert_tasks_read_the_kept_vocab_by_default(tmp_path):
+    """Fine-tuning or evaluating a converted BERT needs no vocabulary binding: with the
+    checkpoint offered (train's INIT_CHECKPOINT, eval's CHECKPOINT), BERT's tasks read its
+    kept vocab.txt with its casing, and the vocabulary check passes; ids equal transformers'
+    BertTokenizer on that file (cased)."""
+    import seqio
+
+    from t5x_like import input_pipeline, tasks
+
+    test_bert_vocab_travels_with_its_casing(tmp_path)
+    ours = str(tmp_path / "ours")
+    tokenizer = transformers.BertTokenizer(str(tmp_path / "hf" / "vocab.txt"), do_lower_case=False)
+    task = seqio.get_mixture_or_task("bert_offline_word_order")
+    try:
+        assert tokenizer_files.offer_to_tasks(ours) is not None
+        vocabulary = tasks.bert.BERT_VOCABULARY
+        assert vocabulary.vocab_path == os.path.join(ours, "tokenizer", "vocab.txt")
+        assert vocabulary.lower_case is False
+        for text in ("The quick foxes.", "the brown fox."):
+            assert vocabulary.encode(text) == _hf_ids(tokenizer, text)
+        input_pipeline.check_checkpoint_vocabulary(task, ours)  # no refusal
+    finally:
+        tokenizer_files.offer_to_tasks(None)
+    assert tokenizer_files.offered("wordpiece") is None
 
 
 def _t5_tokenizer(directory):

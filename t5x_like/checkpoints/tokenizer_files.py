@@ -97,6 +97,29 @@ _HF_LAYOUT: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
 }
 
 
+# The kept tokenizer that tasks without a vocabulary of their own read (`offer_to_tasks`).
+_OFFERED: dict[str, Any] | None = None
+
+
+def offer_to_tasks(path: str | None) -> dict[str, Any] | None:
+    """Make the tokenizer kept with the checkpoint at `path` (None: none) the one that tasks
+    whose vocabulary is not set read, e.g. BERT's tasks (`tasks/bert.py`) fine-tuning an
+    imported BERT read its vocab.txt and casing unless `bert_vocab_path` is bound. Called by
+    train (INIT_CHECKPOINT), eval and infer (CHECKPOINT) before any dataset is built, so a
+    fine-tune of a converted checkpoint needs no vocabulary binding. Returns the offered
+    tokenizer's description."""
+    global _OFFERED
+    directory = find(path) if path else None
+    _OFFERED = description(directory) if directory else None
+    return _OFFERED
+
+
+def offered(kind: str) -> dict[str, Any] | None:
+    """The offered tokenizer's description (with its `directory`) if it is of `kind`
+    ('wordpiece', 'sentencepiece', 'gpt2_bpe', 'gpt1_bpe'), else None."""
+    return _OFFERED if _OFFERED is not None and _OFFERED["type"] == kind else None
+
+
 BPE_TYPES = ("gpt2_bpe", "gpt1_bpe")
 
 
@@ -116,11 +139,30 @@ def model_conventions(path: str) -> dict[str, Any] | None:
 
 def find(path: str) -> str | None:
     """The directory holding the tokenizer saved for a checkpoint at `path` (a converted
-    directory, or a run's MODEL_DIR whose checkpoints/ holds it), or None."""
-    for directory in (path, os.path.join(path, "checkpoints")):
+    directory, a run's MODEL_DIR whose checkpoints/ holds it, or that run's best/<task>),
+    or None."""
+    run_dir = os.path.dirname(os.path.dirname(path.rstrip("/")))
+    for directory in (
+        path,
+        os.path.join(path, "checkpoints"),
+        os.path.join(run_dir, "checkpoints"),
+    ):
         if storage.exists(os.path.join(directory, DIRECTORY, DESCRIPTION)):
             return directory
     return None
+
+
+def carry_into_run(init_checkpoint: str | None, model_dir: str) -> str | None:
+    """A run fine-tuning a converted checkpoint keeps its tokenizer too (in
+    MODEL_DIR/checkpoints/tokenizer/), so eval and infer on the run's checkpoints (or its
+    best/<task>) read the same vocabulary with no binding. Returns the copy's directory."""
+    source = find(init_checkpoint) if init_checkpoint else None
+    if source is None:
+        return None
+    target = os.path.join(storage.resolve(model_dir), "checkpoints", DIRECTORY)
+    if not storage.exists(os.path.join(target, DESCRIPTION)):
+        storage.copy_tree(os.path.join(source, DIRECTORY), target)
+    return target
 
 
 def export_hf(checkpoint_dir: str, hf_dir: str) -> list[str]:
