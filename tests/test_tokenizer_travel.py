@@ -259,11 +259,29 @@ def test_a_task_on_another_vocabulary_than_the_checkpoints_is_refused(tmp_path):
         assert str(vocabulary.sentencepiece_model_file) in message, name  # and the task's
 
 
+def _infer_argv(checkpoint, input_file, output_file) -> list[str]:
+    """infer's command line for a converted checkpoint without a task: its architecture bound
+    from the config saved with it, reading `input_file`, writing `output_file`."""
+    import dataclasses
+
+    config = params_io.restore_config(str(checkpoint))
+    return [
+        "--gin_file=gin_configs/runs/infer.gin",
+        f"--gin.CHECKPOINT={checkpoint}",
+        f"--gin.infer.input_file={input_file}",
+        f"--gin.infer.output_file={output_file}",
+        *(
+            f"--gin.{type(config).__name__}.{f.name}={getattr(config, f.name)!r}"
+            for f in dataclasses.fields(config)
+            if f.name in type(config).ARCHITECTURE_FIELDS
+        ),
+    ]
+
+
 def test_infer_without_a_task_reads_with_the_checkpoints_tokenizer(tmp_path):
     """text -> ids -> model -> text on both sides: `infer` on an imported T5 with no task reads
     the input file with the tokenizer kept beside the checkpoint and writes what transformers'
     `generate(do_sample=False)` and its tokenizer give for the same text."""
-    import dataclasses
 
     import torch
 
@@ -292,20 +310,10 @@ def test_infer_without_a_task_reads_with_the_checkpoints_tokenizer(tmp_path):
 
     texts = TEXTS[:2]
     (tmp_path / "inputs.txt").write_text("\n".join(texts) + "\n")
-    config = params_io.restore_config(str(tmp_path / "ours"))
-    sizes = [
-        f"--gin.T5Config.{f.name}={getattr(config, f.name)!r}"
-        for f in dataclasses.fields(config)
-        if f.name in type(config).ARCHITECTURE_FIELDS
-    ]
     out = tmp_path / "out.jsonl"
     argv = [
-        "--gin_file=gin_configs/runs/infer.gin",
-        f"--gin.CHECKPOINT={tmp_path / 'ours'}",
-        f"--gin.infer.input_file={tmp_path / 'inputs.txt'}",
-        f"--gin.infer.output_file={out}",
+        *_infer_argv(tmp_path / "ours", tmp_path / "inputs.txt", out),
         "--gin.infer.task_feature_lengths={'inputs': 128, 'targets': 8}",
-        *sizes,
     ]
     assert infer.main(argv) == 0
     records = [json.loads(line) for line in out.read_text().splitlines()]
@@ -334,7 +342,6 @@ def test_infer_on_an_imported_gpt2_continues_prompts_as_transformers_does(tmp_pa
     start token, its `<|endoftext|>` as EOS, causal attention over the prompt, prompts padded
     by length though id 0 is '!') and writes the text transformers' `generate(do_sample=False)`
     and GPT2Tokenizer give, with the same log-probability."""
-    import dataclasses
 
     from tokenizers import ByteLevelBPETokenizer
 
@@ -380,22 +387,12 @@ def test_infer_on_an_imported_gpt2_continues_prompts_as_transformers_does(tmp_pa
     assert convert.main(["--from_hf", str(tmp_path / "hf"), "--to", str(tmp_path / "ours")]) == 0
 
     (tmp_path / "prompts.txt").write_text("\n".join(prompts) + "\n")
-    saved = params_io.restore_config(str(tmp_path / "ours"))
-    sizes = [
-        f"--gin.GPTConfig.{f.name}={getattr(saved, f.name)!r}"
-        for f in dataclasses.fields(saved)
-        if f.name in type(saved).ARCHITECTURE_FIELDS
-    ]
     out = tmp_path / "out.jsonl"
     argv = [
-        "--gin_file=gin_configs/runs/infer.gin",
-        f"--gin.CHECKPOINT={tmp_path / 'ours'}",
-        f"--gin.infer.input_file={tmp_path / 'prompts.txt'}",
-        f"--gin.infer.output_file={out}",
+        *_infer_argv(tmp_path / "ours", tmp_path / "prompts.txt", out),
         "--gin.infer.model_class=@DecoderOnlyModel",
         "--gin.infer.add_eos=False",
         "--gin.infer.task_feature_lengths={'inputs': 16, 'targets': 12}",
-        *sizes,
     ]
     assert infer.main(argv) == 0
     records = [json.loads(line) for line in out.read_text().splitlines()]
