@@ -60,7 +60,7 @@ class DecodeConfig:
                 "('hf' reproduces HuggingFace generate's beam search, with alpha as its "
                 "length_penalty)."
             )
-        if self.early_stopping not in EARLY_STOPPING:
+        if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):
             raise ValueError(
                 f"DecodeConfig.early_stopping={self.early_stopping!r}; choose one of "
                 f"{EARLY_STOPPING} (HuggingFace's values; used by beam_rule='hf')."

@@ -59,7 +59,7 @@ def make_predict_fn(
     )
 
 
-def _until_eos(
+def until_eos(
     tokens: Sequence[int], eos_id: int | None = 1, zero_is_a_token: bool = False
 ) -> list[int]:
     """The ids before the first EOS. In this codebase's vocabularies id 0 is padding: leading
@@ -148,8 +148,8 @@ def predict(
                 Prediction(
                     inputs=inputs.decode()
                     if isinstance(inputs, bytes)
-                    else vocabulary.decode(_until_eos(ex["inputs"], eos_id, zero_is_a_token)),
-                    prediction=vocabulary.decode(_until_eos(tokens[i], eos_id, zero_is_a_token)),
+                    else vocabulary.decode(until_eos(ex["inputs"], eos_id, zero_is_a_token)),
+                    prediction=vocabulary.decode(until_eos(tokens[i], eos_id, zero_is_a_token)),
                     score=float(scores[i]),
                     target=target.decode() if isinstance(target, bytes) else None,
                     example=ex,

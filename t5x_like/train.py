@@ -180,7 +180,8 @@ def train(
         # --- task: resolved once, then everything that could refuse it, before any state
         if data.tfds_data_dir:
             seqio.set_tfds_data_dir_override(data.tfds_data_dir)
-        tokenizer_files.offer_to_tasks(checkpointing.init_checkpoint)
+        # A resumed run's own copy (carry_into_run), else the INIT_CHECKPOINT's.
+        tokenizer_files.offer_to_tasks(checkpointing.init_checkpoint or model_dir)
         task_obj = input_pipeline.resolve_task(data.task)
         input_pipeline.check_data_available(task_obj, "train")
         schedule = schedule.resolved(
@@ -870,17 +871,12 @@ def show_predictions(
     for i, (example, prediction) in enumerate(zip(examples, predictions)):
         print(f"\n[{i}] input:     {_shorten(prediction.inputs)}")
         print(f"    predicted: {_shorten(prediction.prediction)}")
-        true = vocab.decode(_until_eos(example["targets"]))
+        true = vocab.decode(
+            task_eval.until_eos(
+                example["targets"], model.eos_id, getattr(vocab, "ZERO_IS_A_TOKEN", False)
+            )
+        )
         print(f"    true:      {_shorten(true)}")
-
-
-def _until_eos(tokens: np.ndarray) -> list[int]:
-    out = []
-    for t in tokens.tolist():
-        if t in (0, 1):
-            break
-        out.append(t)
-    return out
 
 
 def _shorten(text: str, limit: int = 300) -> str:

@@ -422,3 +422,16 @@ def test_infer_on_an_imported_gpt2_continues_prompts_as_transformers_does(tmp_pa
         assert record["prediction"] == tokenizer.decode(new_ids)
         assert record["score"] == pytest.approx(sum(log_probs), abs=1e-4)
     assert ended  # some continuation stopped at the model's own EOS
+
+
+def test_a_runs_tokenizer_is_found_from_its_best_dir_and_nowhere_else(tmp_path):
+    """find: a converted directory, a run's MODEL_DIR (checkpoints/tokenizer, the copy
+    carry_into_run writes) or its best/<task>; never a sibling's grandparent. A run's copy
+    of a GPT-2 tokenizer gives no imported-model conventions: the run decodes as trained."""
+    run = tmp_path / "run"
+    tokenizer_files.save(str(run / "checkpoints"), {}, {"type": "gpt2_bpe"})
+    assert tokenizer_files.find(str(run)) == str(run / "checkpoints")
+    assert tokenizer_files.find(str(run / "best" / "some_task")) == str(run / "checkpoints")
+    assert tokenizer_files.find(str(tmp_path / "sweep1")) is None  # tmp_path/checkpoints: none
+    assert tokenizer_files.find(str(run / "other" / "x")) is None
+    assert tokenizer_files.model_conventions(str(run)) is None

@@ -127,11 +127,12 @@ def model_conventions(path: str) -> dict[str, Any] | None:
     """A decoder-only model imported with GPT-2's or GPT-1's BPE keeps that release's
     conventions, not this codebase's (start token 0, EOS 1, prefix-LM prompts): no start
     token, its tokenizer's EOS (GPT-2's `<|endoftext|>`; GPT-1 has none) and causal attention
-    over the prompt, as both were trained. None for a checkpoint without such a tokenizer
-    (`path`: a converted directory or a run's MODEL_DIR)."""
+    over the prompt, as both were trained. Only for the converted directory itself (`path`);
+    None for any other checkpoint, a run fine-tuned from it included (its gin model is the one
+    it was trained as)."""
     directory = find(path)
-    if directory is None or (description(directory) or {}).get("type") not in BPE_TYPES:
-        return None
+    if directory != path or (description(directory) or {}).get("type") not in BPE_TYPES:
+        return None  # also a run fine-tuned from one: it decodes as it was trained (gin)
     kept = vocabulary(directory)
     eos_id = kept.eos_id if kept is not None else None
     return {"start_token_id": None, "eos_id": eos_id, "attention": "causal"}
@@ -141,12 +142,11 @@ def find(path: str) -> str | None:
     """The directory holding the tokenizer saved for a checkpoint at `path` (a converted
     directory, a run's MODEL_DIR whose checkpoints/ holds it, or that run's best/<task>),
     or None."""
-    run_dir = os.path.dirname(os.path.dirname(path.rstrip("/")))
-    for directory in (
-        path,
-        os.path.join(path, "checkpoints"),
-        os.path.join(run_dir, "checkpoints"),
-    ):
+    candidates = [path, os.path.join(path, "checkpoints")]
+    parent = os.path.dirname(path.rstrip("/"))
+    if os.path.basename(parent) == "best":  # MODEL_DIR/best/<task>: the run's own
+        candidates.append(os.path.join(os.path.dirname(parent), "checkpoints"))
+    for directory in candidates:
         if storage.exists(os.path.join(directory, DIRECTORY, DESCRIPTION)):
             return directory
     return None
