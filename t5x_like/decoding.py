@@ -263,10 +263,9 @@ def beam_search(
         raise ValueError(f"beam_search rule={rule!r}; choose one of {BEAM_RULES}.")
     k = beam_size
     stop_when_full = rule == "hf" and early_stopping is True
-    if rule == "hf" and early_stopping == "never" and alpha > 0:
-        best_length = lambda step: max_decode_length  # noqa: E731
-    else:
-        best_length = lambda step: step  # noqa: E731
+    # HF's bound on a live beam's best score: at the length limit for 'never' with a penalty
+    # that favours length, else at its current length (the False / True heuristic).
+    bound_at_limit = rule == "hf" and early_stopping == "never" and alpha > 0
 
     def step_log_probs(seqs, step, cache):
         tokens = jax.lax.dynamic_slice_in_dim(seqs, step, 1, axis=2).reshape(batch_size * k, 1)
@@ -279,7 +278,8 @@ def beam_search(
 
     def still_open(open_rows, step, alive_lp, fin_scores, fin_flags):
         """HF's rule, after `step` generated tokens: can a live beam still improve the row?"""
-        best_possible = alive_lp[:, 0] / length_penalty(best_length(step), alpha, rule)
+        length = max_decode_length if bound_at_limit else step
+        best_possible = alive_lp[:, 0] / length_penalty(length, alpha, rule)
         return open_rows & (~full(fin_flags) | (best_possible > jnp.min(fin_scores, axis=1)))
 
     def cond(state):

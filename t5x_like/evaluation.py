@@ -60,11 +60,12 @@ def make_predict_fn(
 
 
 def until_eos(
-    tokens: Sequence[int], eos_id: int | None = 1, zero_is_a_token: bool = False
+    tokens: Sequence[int], eos_id: int | None = 1, vocabulary: seqio.Vocabulary | None = None
 ) -> list[int]:
     """The ids before the first EOS. In this codebase's vocabularies id 0 is padding: leading
-    zeros are skipped and a later one ends the sequence; where it is a token
-    (`zero_is_a_token`, GPT-2's '!') it is kept."""
+    zeros are skipped and a later one ends the sequence; where `vocabulary` says it is a
+    token (`ZERO_IS_A_TOKEN`, GPT-2's '!') it is kept."""
+    zero_is_a_token = getattr(vocabulary, "ZERO_IS_A_TOKEN", False)
     out: list[int] = []
     for t in tokens:
         if eos_id is not None and t == eos_id:
@@ -134,7 +135,6 @@ def predict(
     end at `eos_id`, the model's (None: a model without one, e.g. GPT-1). With `progress`
     (the bar's name), a bar counts the examples decoded, with an ETA when `total` (the
     number of examples expected) is given."""
-    zero_is_a_token = getattr(vocabulary, "ZERO_IS_A_TOKEN", False)
     out: list[Prediction] = []
     bar = logs.progress(desc=progress, total=total, unit="ex") if progress else None
     for chunk, batch in _batches(examples, batch_size, inputs_length):
@@ -148,8 +148,8 @@ def predict(
                 Prediction(
                     inputs=inputs.decode()
                     if isinstance(inputs, bytes)
-                    else vocabulary.decode(until_eos(ex["inputs"], eos_id, zero_is_a_token)),
-                    prediction=vocabulary.decode(until_eos(tokens[i], eos_id, zero_is_a_token)),
+                    else vocabulary.decode(until_eos(ex["inputs"], eos_id, vocabulary)),
+                    prediction=vocabulary.decode(until_eos(tokens[i], eos_id, vocabulary)),
                     score=float(scores[i]),
                     target=target.decode() if isinstance(target, bytes) else None,
                     example=ex,

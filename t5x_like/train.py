@@ -871,11 +871,7 @@ def show_predictions(
     for i, (example, prediction) in enumerate(zip(examples, predictions)):
         print(f"\n[{i}] input:     {_shorten(prediction.inputs)}")
         print(f"    predicted: {_shorten(prediction.prediction)}")
-        true = vocab.decode(
-            task_eval.until_eos(
-                example["targets"], model.eos_id, getattr(vocab, "ZERO_IS_A_TOKEN", False)
-            )
-        )
+        true = vocab.decode(task_eval.until_eos(example["targets"], model.eos_id, vocab))
         print(f"    true:      {_shorten(true)}")
 
 
